@@ -1,0 +1,473 @@
+package idem
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/google/uuid"
+
+	"github.com/idemkv/idem/compaction"
+	"github.com/idemkv/idem/internal/keys"
+)
+
+// Scope names one idempotency key: the key is unique within a tenant and an
+// endpoint, never globally, so two tenants that pick the same key never meet.
+type Scope struct {
+	// Tenant is the authenticated caller. It may be empty for a service
+	// with a single tenant. At most MaxTenantBytes.
+	Tenant string
+	// Endpoint names the operation, e.g. "POST /v1/payments". At most
+	// MaxEndpointBytes.
+	Endpoint string
+	// Key is the client's idempotency key: 1 to MaxKeyBytes bytes.
+	Key string
+}
+
+// Validate reports whether s can be stored; the error matches
+// ErrInvalidScope.
+func (s Scope) Validate() error {
+	switch {
+	case s.Key == "":
+		return fmt.Errorf("%w: empty key", ErrInvalidScope)
+	case len(s.Key) > MaxKeyBytes:
+		return fmt.Errorf("%w: key is %d bytes, more than %d", ErrInvalidScope, len(s.Key), MaxKeyBytes)
+	case len(s.Tenant) > MaxTenantBytes:
+		return fmt.Errorf("%w: tenant is %d bytes, more than %d", ErrInvalidScope, len(s.Tenant), MaxTenantBytes)
+	case len(s.Endpoint) > MaxEndpointBytes:
+		return fmt.Errorf("%w: endpoint is %d bytes, more than %d", ErrInvalidScope, len(s.Endpoint), MaxEndpointBytes)
+	}
+	return nil
+}
+
+func (s Scope) recordKey() []byte {
+	return keys.AppendRecord(make([]byte, 0, 8+len(s.Tenant)+len(s.Endpoint)+len(s.Key)), s.Tenant, s.Endpoint, s.Key)
+}
+
+// schemaVersion is written at the first Open and checked at every later one.
+const schemaVersion = 1
+
+// numStripes is the number of per-key mutexes. Enough that unrelated keys
+// rarely share one at a few hundred concurrent requests.
+const numStripes = 4096
+
+// chunkBytes is the size of one overflow body chunk.
+const chunkBytes = 64 << 10
+
+// DB is an open idempotency store. It is safe for concurrent use; most
+// callers need only Claim and the Lease it returns.
+type DB struct {
+	opts    Options
+	pdb     *pebble.DB
+	lock    *pebble.Lock
+	commits *committer
+	sweeper *compaction.Sweeper
+	seed    maphash.Seed
+	stripes [numStripes]sync.Mutex
+	stats   counters
+
+	// ops is read-locked by every operation and write-locked by Close, so
+	// that Close waits for operations in flight and none starts after it.
+	ops    sync.RWMutex
+	closed bool // guarded by ops
+
+	stop      chan struct{}  // closed by Close to end the background loop
+	bg        sync.WaitGroup // the background loop
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens the store in dir, creating it if needed. A nil opts selects the
+// defaults. Open fails with ErrLocked if another DB, in this process or
+// another, has dir open, and with ErrInvalidOptions listing every bad field.
+func Open(dir string, opts *Options) (*DB, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := o.FS.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("idem: create data directory: %w", err)
+	}
+	lock, err := pebble.LockDirectory(dir, o.FS)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v (close the other handle or stop the process that holds it, or use another directory)", ErrLocked, dir, err)
+	}
+	popts := &pebble.Options{
+		FS:                 o.FS,
+		Lock:               lock,
+		Logger:             pebbleLogger{o.Logger},
+		CacheSize:          o.CacheBytes,
+		MemTableSize:       64 << 20,
+		FormatMajorVersion: pebble.FormatNewest,
+	}
+	// Most claims look up keys that do not exist yet; without filters each
+	// miss reads a data block from every level.
+	popts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	pdb, err := pebble.Open(dir, popts)
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("idem: open %s: %w", dir, err)
+	}
+	db := &DB{opts: o, pdb: pdb, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{})}
+	db.commits = newCommitter(pdb)
+	if err := db.checkSchema(); err != nil {
+		db.commits.close()
+		pdb.Close()
+		lock.Close()
+		return nil, err
+	}
+	db.sweeper = &compaction.Sweeper{
+		DB:           pdb,
+		Lock:         db.lockKeys,
+		Commit:       db.commits.commit,
+		Expire:       db.expireLocked,
+		CompactBytes: o.CompactBytes,
+	}
+	if o.SweepInterval > 0 {
+		db.bg.Add(1)
+		go db.background()
+	}
+	return db, nil
+}
+
+func (db *DB) checkSchema() error {
+	v, closer, err := db.pdb.Get(keys.Schema)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		return db.commits.commit(func(b *pebble.Batch) error {
+			return b.Set(keys.Schema, binary.AppendUvarint(nil, schemaVersion), nil)
+		})
+	case err != nil:
+		return fmt.Errorf("idem: read schema version: %w", err)
+	}
+	defer closer.Close()
+	got, n := binary.Uvarint(v)
+	if n <= 0 {
+		return fmt.Errorf("%w: unreadable schema version", ErrCorrupt)
+	}
+	if got != schemaVersion {
+		return fmt.Errorf("idem: data directory has schema version %d; this build reads version %d", got, schemaVersion)
+	}
+	return nil
+}
+
+// Close stops the background loop, waits for operations in flight and
+// closes the store. Leases still held become unusable (ErrClosed); their
+// records stay in progress and are found by the next reconciliation. Close
+// may be called more than once; later calls return the first one's result.
+func (db *DB) Close() error {
+	db.closeOnce.Do(func() {
+		close(db.stop)
+		db.bg.Wait()
+		db.ops.Lock()
+		db.closed = true
+		db.ops.Unlock()
+		db.commits.close()
+		db.closeErr = errors.Join(db.pdb.Close(), db.lock.Close())
+	})
+	return db.closeErr
+}
+
+// enter starts an operation; the caller must call the returned function
+// when done. It fails once Close has begun.
+func (db *DB) enter() (func(), error) {
+	db.ops.RLock()
+	if db.closed {
+		db.ops.RUnlock()
+		return nil, ErrClosed
+	}
+	return db.ops.RUnlock, nil
+}
+
+func (db *DB) stripe(rk []byte) *sync.Mutex {
+	return &db.stripes[maphash.Bytes(db.seed, rk)%numStripes]
+}
+
+// lockKeys locks the stripes of every record key in rks, each once and in
+// ascending order, so two multi-key lockers cannot deadlock.
+func (db *DB) lockKeys(rks [][]byte) (unlock func()) {
+	idx := make([]uint64, 0, len(rks))
+	for _, rk := range rks {
+		idx = append(idx, maphash.Bytes(db.seed, rk)%numStripes)
+	}
+	slices.Sort(idx)
+	idx = slices.Compact(idx)
+	for _, i := range idx {
+		db.stripes[i].Lock()
+	}
+	return func() {
+		for _, i := range idx {
+			db.stripes[i].Unlock()
+		}
+	}
+}
+
+// readLocked returns the record stored under rk, or nil if there is none.
+// An expired record is returned too (live reports which): callers treat it
+// as absent but may need to clean up after it. The caller holds rk's stripe.
+func (db *DB) readLocked(rk []byte, now time.Time) (rec *Record, live bool, err error) {
+	v, closer, err := db.pdb.Get(rk)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("idem: read record: %w", err)
+	}
+	defer closer.Close()
+	rec, err = decodeRecord(v)
+	if err != nil {
+		return nil, false, err
+	}
+	return rec, now.Before(rec.ExpiresAt), nil
+}
+
+// Claim tries to take the key in s for an operation with fingerprint fp.
+//
+// The first caller of a fresh key (or of one whose record expired) wins:
+// Claim returns a Lease, and the claim is durable before Claim returns, so
+// the operation may run. A key already completed with the same fingerprint
+// returns its Record for replay. Otherwise Claim returns a *KeyError that
+// matches ErrInProgress (retry later), ErrFingerprintMismatch (permanent) or
+// ErrOutcomePending (an earlier attempt must be resolved first). Exactly one
+// of the lease, the record and the error is non-nil.
+func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (*Lease, *Record, error) {
+	if err := s.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	exit, err := db.enter()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer exit()
+
+	rk := s.recordKey()
+	mu := db.stripe(rk)
+	mu.Lock()
+	defer mu.Unlock()
+	now := db.now()
+	old, live, err := db.readLocked(rk, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	if live {
+		rec, err := db.answerLocked(rk, s, old, fp, now)
+		return nil, rec, err
+	}
+
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return nil, nil, fmt.Errorf("idem: lease token: %w", err)
+	}
+	rec := &Record{
+		Scope:       s,
+		Fingerprint: fp,
+		State:       StateInProgress,
+		CreatedAt:   now,
+		UpdatedAt:   now,
+		ExpiresAt:   now.Add(db.opts.ttlFor(s.Endpoint)),
+		LeaseUntil:  now.Add(db.opts.Lease),
+		Attempts:    1,
+		token:       token,
+	}
+	if err := db.writeLocked(rk, old, rec, nil); err != nil {
+		return nil, nil, err
+	}
+	db.stats.claims.Add(1)
+	return &Lease{db: db, rk: rk, scope: s, rec: *rec}, nil, nil
+}
+
+// answerLocked decides what a claim of a live record gets.
+func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now time.Time) (*Record, error) {
+	rec.Scope = s
+	refuse := func(err error, retry time.Duration) error {
+		return &KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: s.Tenant, Endpoint: s.Endpoint}
+	}
+	if rec.Fingerprint != fp {
+		db.stats.mismatches.Add(1)
+		return nil, refuse(ErrFingerprintMismatch, 0)
+	}
+	switch {
+	case rec.State == StateCompleted:
+		if err := db.loadBody(rk, rec); err != nil {
+			return nil, err
+		}
+		db.stats.replays.Add(1)
+		return rec, nil
+	case rec.State == StateInProgress && now.Before(rec.LeaseUntil):
+		db.stats.conflicts.Add(1)
+		return nil, refuse(ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
+	default:
+		db.stats.pending.Add(1)
+		return nil, refuse(ErrOutcomePending, 0)
+	}
+}
+
+// writeLocked durably replaces old (nil if absent) with rec under rk, with
+// the index entries and body chunks that go with each. body, when set, is
+// an overflow body to store in chunks rather than in the record. The caller
+// holds rk's stripe and must not have changed old since reading it.
+func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) error {
+	rec.chunks = uint32((len(body) + chunkBytes - 1) / chunkBytes)
+	v, err := rec.encode(make([]byte, 0, 128+len(rec.Response.Body)))
+	if err != nil {
+		return err
+	}
+	rec.storedLen = int64(len(v) + len(body))
+	xk := keys.AppendIndex(nil, keys.TagExpiry, rec.ExpiresAt.UnixNano(), rk)
+	xv := binary.AppendUvarint(nil, uint64(rec.storedLen))
+	var pk, pv []byte
+	if rec.State != StateCompleted {
+		pk = keys.AppendIndex(nil, keys.TagPending, rec.LeaseUntil.UnixNano(), rk)
+		pv = pendingValue(rec)
+	}
+	return db.commits.commit(func(b *pebble.Batch) error {
+		if old != nil {
+			if err := deleteIndexes(b, rk, old); err != nil {
+				return err
+			}
+		}
+		for i := uint32(0); i < rec.chunks; i++ {
+			end := min(len(body), int(i+1)*chunkBytes)
+			if err := b.Set(keys.AppendChunk(nil, rk, i), body[int(i)*chunkBytes:end], nil); err != nil {
+				return err
+			}
+		}
+		if pk != nil {
+			if err := b.Set(pk, pv, nil); err != nil {
+				return err
+			}
+		}
+		return errors.Join(b.Set(xk, xv, nil), b.Set(rk, v, nil))
+	})
+}
+
+// deleteLocked durably removes rec and everything that belongs to it.
+func (db *DB) deleteLocked(rk []byte, rec *Record) error {
+	return db.commits.commit(func(b *pebble.Batch) error {
+		return errors.Join(deleteIndexes(b, rk, rec), b.Delete(rk, nil))
+	})
+}
+
+// deleteIndexes adds to b the removal of rec's index entries and body
+// chunks, but not of the record itself.
+func deleteIndexes(b *pebble.Batch, rk []byte, rec *Record) error {
+	errs := []error{b.Delete(keys.AppendIndex(nil, keys.TagExpiry, rec.ExpiresAt.UnixNano(), rk), nil)}
+	if rec.State != StateCompleted {
+		errs = append(errs, b.Delete(keys.AppendIndex(nil, keys.TagPending, rec.LeaseUntil.UnixNano(), rk), nil))
+	}
+	if rec.chunks > 0 {
+		lo, hi := keys.ChunkSpan(rk)
+		errs = append(errs, b.DeleteRange(lo, hi, nil))
+	}
+	return errors.Join(errs...)
+}
+
+// pendingValue is the 'p' index value: enough to count and age pending
+// records without reading them.
+func pendingValue(rec *Record) []byte {
+	v := binary.BigEndian.AppendUint64(make([]byte, 0, 9), uint64(rec.CreatedAt.UnixNano()))
+	return append(v, byte(rec.State))
+}
+
+func parsePendingValue(v []byte) (created time.Time, s State, ok bool) {
+	if len(v) != 9 {
+		return time.Time{}, 0, false
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), State(v[8]), true
+}
+
+// loadBody reads a completed record's overflow chunks into its response and
+// checks them against the stored digest.
+func (db *DB) loadBody(rk []byte, rec *Record) error {
+	if rec.chunks == 0 {
+		return nil
+	}
+	lo, hi := keys.ChunkSpan(rk)
+	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return fmt.Errorf("idem: read body: %w", err)
+	}
+	body := make([]byte, 0, rec.BodyLen)
+	var n uint32
+	for ok := it.First(); ok; ok = it.Next() {
+		body = append(body, it.Value()...)
+		n++
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return fmt.Errorf("idem: read body: %w", err)
+	}
+	if n != rec.chunks || int64(len(body)) != rec.BodyLen || bodyDigest(body) != rec.BodyDigest {
+		return fmt.Errorf("%w: body chunks do not match the record", ErrCorrupt)
+	}
+	rec.Response.Body = body
+	return nil
+}
+
+// Get returns the live record for s, with its body, or an error matching
+// ErrNotFound. Expired records are not returned, even before the sweeper
+// removes them.
+func (db *DB) Get(ctx context.Context, s Scope) (*Record, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	exit, err := db.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer exit()
+	rk := s.recordKey()
+	// The stripe keeps Get from seeing a write whose sync is still running.
+	mu := db.stripe(rk)
+	mu.Lock()
+	defer mu.Unlock()
+	rec, live, err := db.readLocked(rk, db.now())
+	if err != nil {
+		return nil, err
+	}
+	if !live {
+		return nil, ErrNotFound
+	}
+	rec.Scope = s
+	if rec.State == StateCompleted {
+		if err := db.loadBody(rk, rec); err != nil {
+			return nil, err
+		}
+	}
+	return rec, nil
+}
+
+// pebbleLogger keeps Pebble's chatter away from users: informational lines
+// are dropped, errors go to idem's logger, and a fatal error, which Pebble
+// raises when the write-ahead log cannot be written or synced, ends the
+// process. Continuing would risk acknowledging a write that is not on disk.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (pebbleLogger) Infof(string, ...any) {}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error("idem: storage error", "err", fmt.Sprintf(format, args...))
+}
+
+func (pebbleLogger) Fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "idem: fatal storage error, exiting so that no unsynced write is acknowledged: %s\n", fmt.Sprintf(format, args...))
+	os.Exit(fatalExitCode)
+}
+
+// fatalExitCode is the process exit status after a fatal storage error
+// (EX_IOERR in sysexits.h).
+const fatalExitCode = 74

@@ -1,0 +1,65 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors that callers match with errors.Is. Refusals of a claim arrive
+// wrapped in a *KeyError that also carries the record's state.
+var (
+	// ErrInProgress: another caller holds a live lease on the key. Retry
+	// after KeyError.RetryAfter with the same key.
+	ErrInProgress = errors.New("idem: request in progress")
+	// ErrFingerprintMismatch: the key was first used with a different
+	// request. Permanent: the client must use a new key.
+	ErrFingerprintMismatch = errors.New("idem: idempotency key reused with a different request")
+	// ErrOutcomePending: an earlier attempt failed or may have taken effect
+	// (failed, unknown, or in progress past its lease) and nobody has
+	// resolved it yet. Retrying does not help until it is resolved.
+	ErrOutcomePending = errors.New("idem: outcome of an earlier attempt is pending")
+	// ErrLeaseLost: the lease was resolved or taken over by someone else,
+	// so this holder may no longer change the record.
+	ErrLeaseLost = errors.New("idem: lease lost")
+	// ErrNotFound: no live record exists for the scope.
+	ErrNotFound = errors.New("idem: record not found")
+	// ErrClosed: the DB has been closed.
+	ErrClosed = errors.New("idem: database closed")
+	// ErrInvalidScope: the tenant, endpoint or key is empty or too long.
+	ErrInvalidScope = errors.New("idem: invalid scope")
+	// ErrInvalidResponse: a response to store is out of range (status
+	// outside 100-999).
+	ErrInvalidResponse = errors.New("idem: invalid response")
+	// ErrInvalidOptions: Options failed validation at Open.
+	ErrInvalidOptions = errors.New("idem: invalid options")
+	// ErrLocked: another DB handle, in this process or another, holds the
+	// directory.
+	ErrLocked = errors.New("idem: data directory is in use")
+	// ErrCorrupt: a stored value or the schema marker cannot be decoded.
+	ErrCorrupt = errCorrupt
+)
+
+// KeyError is the error a claim gets when the key is already taken. Err is
+// one of ErrInProgress, ErrFingerprintMismatch or ErrOutcomePending.
+type KeyError struct {
+	Err error
+	// State is the stored record's state.
+	State State
+	// RetryAfter is how long a caller should wait before retrying; set for
+	// ErrInProgress only.
+	RetryAfter time.Duration
+	// Tenant and Endpoint say where the key lives; the key itself is left
+	// out because error strings end up in logs.
+	Tenant, Endpoint string
+}
+
+func (e *KeyError) Error() string {
+	msg := fmt.Sprintf("%v (tenant %q, endpoint %q, state %s", e.Err, e.Tenant, e.Endpoint, e.State)
+	if e.RetryAfter > 0 {
+		msg += fmt.Sprintf(", retry after %s", e.RetryAfter)
+	}
+	return msg + ")"
+}
+
+func (e *KeyError) Unwrap() error { return e.Err }

@@ -1,0 +1,99 @@
+package idem
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// counters are the DB's lifetime event counts.
+type counters struct {
+	claims, replays, conflicts, mismatches, pending atomic.Int64
+	completions, releases, unknowns, failures       atomic.Int64
+	reconciled                                      atomic.Int64
+}
+
+// Metrics is a snapshot of a DB's counters and state. Counts of events are
+// since Open; counts of records are of what is stored now.
+type Metrics struct {
+	// Events since Open.
+	Claims      int64 // claims won: operations started
+	Replays     int64 // claims answered with a stored response
+	Conflicts   int64 // claims refused with ErrInProgress
+	Mismatches  int64 // claims refused with ErrFingerprintMismatch
+	Pending     int64 // claims refused with ErrOutcomePending
+	Completions int64
+	Releases    int64
+	Unknowns    int64 // leases ended with MarkUnknown
+	Failures    int64 // leases ended with MarkFailed
+	Reconciled  int64 // overdue records resolved by Options.Reconcile
+
+	// Stored records that are not completed.
+	InProgress       int64         // in progress, live lease or not
+	Overdue          int64         // in progress past their lease
+	OldestInProgress time.Duration // age of the oldest in-progress record
+	UnknownRecords   int64
+	FailedRecords    int64
+
+	// Expiry since Open.
+	Swept          int64 // expired records deleted
+	BytesReclaimed int64 // their size, body chunks included
+	Compactions    int64 // compactions the sweeper ran on swept spans
+
+	// Group commit since Open: Commits/Syncs is how many writes share one
+	// WAL sync on average.
+	Commits int64
+	Syncs   int64
+
+	// Pebble.
+	DiskBytes         uint64 // everything the store occupies on disk
+	PebbleCompactions int64  // all compactions, automatic ones included
+	PebbleFlushes     int64
+	ReadAmp           int // sstables a read may have to visit
+}
+
+// Metrics returns a snapshot. Its cost grows with the number of records
+// that are not completed (it reads the pending index), not with the size of
+// the store.
+func (db *DB) Metrics() (Metrics, error) {
+	exit, err := db.enter()
+	if err != nil {
+		return Metrics{}, err
+	}
+	defer exit()
+	s := &db.stats
+	m := Metrics{
+		Claims: s.claims.Load(), Replays: s.replays.Load(), Conflicts: s.conflicts.Load(),
+		Mismatches: s.mismatches.Load(), Pending: s.pending.Load(), Completions: s.completions.Load(),
+		Releases: s.releases.Load(), Unknowns: s.unknowns.Load(), Failures: s.failures.Load(),
+		Reconciled: s.reconciled.Load(),
+		Commits:    db.commits.commits.Load(), Syncs: db.commits.syncs.Load(),
+	}
+	sw := db.sweeper.Totals()
+	m.Swept, m.BytesReclaimed, m.Compactions = int64(sw.Records), sw.Bytes, int64(sw.Compactions)
+
+	now := db.now()
+	err = db.scanPending(time.Unix(0, 1<<63-1), func(e pendingEntry) bool {
+		switch e.state {
+		case StateInProgress:
+			m.InProgress++
+			if !now.Before(e.due) {
+				m.Overdue++
+			}
+			m.OldestInProgress = max(m.OldestInProgress, now.Sub(e.created))
+		case StateUnknown:
+			m.UnknownRecords++
+		case StateFailed:
+			m.FailedRecords++
+		}
+		return true
+	})
+	if err != nil {
+		return m, err
+	}
+	pm := db.pdb.Metrics()
+	m.DiskBytes = pm.DiskSpaceUsage()
+	m.PebbleCompactions = pm.Compact.Count
+	m.PebbleFlushes = pm.Flush.Count
+	m.ReadAmp = pm.ReadAmp()
+	return m, nil
+}

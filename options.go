@@ -1,0 +1,167 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Limits on the parts of a Scope, checked before anything is written.
+const (
+	MaxTenantBytes   = 255
+	MaxEndpointBytes = 1024
+	MaxKeyBytes      = 255
+)
+
+// minTTLLeases is how many leases a TTL must span at least: a record must
+// outlive every retry of an operation, and an operation may hold its lease
+// for a while, so a TTL close to the lease would let a key expire under a
+// client that is still retrying.
+const minTTLLeases = 10
+
+// Options configure a DB. The zero value of each field selects its default;
+// a nil *Options selects every default.
+type Options struct {
+	// TTL is how long a record is kept after it is claimed: the
+	// deduplication window. It must be at least ten leases long.
+	// Default: 24 hours.
+	TTL time.Duration
+
+	// EndpointTTL overrides TTL for the endpoints it names. Each value
+	// follows the same rule as TTL. Default: none.
+	EndpointTTL map[string]time.Duration
+
+	// Lease is how long a claim is held before it counts as abandoned;
+	// holders of long operations call Lease.Extend. Default: 30 seconds.
+	Lease time.Duration
+
+	// InlineBodyBytes is the largest response body stored inside the
+	// record itself; larger bodies go to separate chunks written in the
+	// same batch. At most MaxBodyBytes and 16 MiB. Default: 64 KiB.
+	InlineBodyBytes int
+
+	// MaxBodyBytes is the largest response body stored at all. A larger
+	// body is dropped: the record keeps its status, headers, length and
+	// digest and is marked body-omitted. From InlineBodyBytes to 1 GiB.
+	// Default: 4 MiB.
+	MaxBodyBytes int64
+
+	// Reconcile is called for each in-progress record whose lease has run
+	// out (see DB.Reconcile). It receives a lease on the record and should
+	// find out what really happened: Complete it with the real outcome,
+	// Release it if the operation provably did not commit, or MarkUnknown
+	// it. Returning without resolving leaves the record for the next pass.
+	// It must never invent a success. Default: none; overdue records are
+	// counted and logged.
+	Reconcile func(ctx context.Context, l *Lease) error
+
+	// SweepInterval is how often the background loop removes expired
+	// records and hands overdue claims to Reconcile. Negative disables the
+	// loop; Sweep and Reconcile can still be called. Default: 1 minute.
+	SweepInterval time.Duration
+
+	// CompactBytes is how many bytes of swept records make the sweeper
+	// compact the spans it cleared, so that the space really returns to
+	// the disk. Default: 64 MiB.
+	CompactBytes int64
+
+	// CacheBytes is the size of Pebble's block cache. Default: 64 MiB.
+	CacheBytes int64
+
+	// Now is the clock. Tests pass a fake one. Default: time.Now.
+	Now func() time.Time
+
+	// FS is the filesystem Pebble uses, for tests (vfs.NewMem,
+	// vfs.NewCrashableMem, errorfs). Default: the operating system's.
+	FS vfs.FS
+
+	// Logger receives idem's own warnings (overdue claims, sweep
+	// failures). Pebble's informational lines are never passed on.
+	// Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// withDefaults returns a validated copy of o with every default filled in.
+// It reports every bad field at once.
+func (o *Options) withDefaults() (Options, error) {
+	var c Options
+	if o != nil {
+		c = *o
+	}
+	c.EndpointTTL = maps.Clone(c.EndpointTTL)
+	def := func(p *time.Duration, d time.Duration) {
+		if *p == 0 {
+			*p = d
+		}
+	}
+	def(&c.TTL, 24*time.Hour)
+	def(&c.Lease, 30*time.Second)
+	def(&c.SweepInterval, time.Minute)
+	if c.InlineBodyBytes == 0 {
+		c.InlineBodyBytes = 64 << 10
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = max(4<<20, int64(c.InlineBodyBytes))
+	}
+	if c.CompactBytes == 0 {
+		c.CompactBytes = 64 << 20
+	}
+	if c.CacheBytes == 0 {
+		c.CacheBytes = 64 << 20
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.FS == nil {
+		c.FS = vfs.Default
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+	}
+	if c.Lease <= 0 {
+		bad("Lease %s must be positive", c.Lease)
+	}
+	checkTTL := func(name string, ttl time.Duration) {
+		switch {
+		case ttl <= 0:
+			bad("%s %s must be positive", name, ttl)
+		case c.Lease > 0 && ttl < minTTLLeases*c.Lease:
+			bad("%s %s must be at least %d leases (%s)", name, ttl, minTTLLeases, minTTLLeases*c.Lease)
+		}
+	}
+	checkTTL("TTL", c.TTL)
+	for ep, ttl := range c.EndpointTTL {
+		checkTTL(fmt.Sprintf("EndpointTTL[%q]", ep), ttl)
+	}
+	if c.InlineBodyBytes < 0 || c.InlineBodyBytes > 16<<20 {
+		bad("InlineBodyBytes %d must be between 0 and 16 MiB", c.InlineBodyBytes)
+	}
+	if c.MaxBodyBytes < int64(c.InlineBodyBytes) || c.MaxBodyBytes > 1<<30 {
+		bad("MaxBodyBytes %d must be between InlineBodyBytes (%d) and 1 GiB", c.MaxBodyBytes, c.InlineBodyBytes)
+	}
+	if c.CompactBytes < 0 {
+		bad("CompactBytes %d must not be negative", c.CompactBytes)
+	}
+	if c.CacheBytes < 0 {
+		bad("CacheBytes %d must not be negative", c.CacheBytes)
+	}
+	return c, errors.Join(errs...)
+}
+
+// ttlFor returns the TTL that applies to endpoint.
+func (o *Options) ttlFor(endpoint string) time.Duration {
+	if ttl, ok := o.EndpointTTL[endpoint]; ok {
+		return ttl
+	}
+	return o.TTL
+}

@@ -1,0 +1,309 @@
+package idem
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// State is where a record stands in the claim lifecycle. The zero value means
+// that no record exists.
+type State uint8
+
+// The states of a record. Only StateCompleted is ever replayed.
+const (
+	// StateInProgress: a caller holds the lease and the operation may be
+	// running now.
+	StateInProgress State = iota + 1
+	// StateCompleted: the response is stored and every repeat replays it.
+	StateCompleted
+	// StateFailed: the operation is known not to have taken effect, but the
+	// key stays spent until an operator or the TTL frees it.
+	StateFailed
+	// StateUnknown: the operation may have taken effect; a person or a
+	// reconciler must find out before anything else happens to the key.
+	StateUnknown
+)
+
+var stateNames = [...]string{"none", "in_progress", "completed", "failed", "unknown"}
+
+// String returns the state's name as the reference schema spells it
+// (in_progress, completed, failed, unknown), or "none" for the zero value.
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// ParseState is the inverse of State.String for the four real states.
+func ParseState(name string) (State, error) {
+	for i, n := range stateNames[1:] {
+		if n == name {
+			return State(i + 1), nil
+		}
+	}
+	return 0, fmt.Errorf("idem: unknown state %q", name)
+}
+
+// Response is what a completed operation answered, kept for replay.
+type Response struct {
+	// Status is the HTTP status code, 100 to 999.
+	Status int
+	// Header holds the response headers to replay. A nil map stores none.
+	Header http.Header
+	// Body is the response body. Bodies longer than Options.MaxBodyBytes are
+	// not stored; see Record.BodyOmitted.
+	Body []byte
+}
+
+// Record is one stored idempotency record. Records returned by the DB are
+// copies that the caller owns.
+type Record struct {
+	Scope       Scope
+	Fingerprint Fingerprint
+	State       State
+	// Response is set for completed records (and for failed ones when the
+	// failure was stored with a response).
+	Response Response
+	// BodyOmitted reports whether the response body was too large to keep;
+	// BodyLen and BodyDigest still describe it.
+	BodyOmitted bool
+	// BodyLen and BodyDigest (SHA-256) describe the response body as it was
+	// produced, whether or not it was kept.
+	BodyLen    int64
+	BodyDigest [32]byte
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	ExpiresAt  time.Time
+	// LeaseUntil is when the current holder's lease runs out (in progress),
+	// or when the record left that state.
+	LeaseUntil time.Time
+	// Attempts counts the leases granted on this record: 1 for the first
+	// claim, plus one for each takeover by a reconciler or an operator.
+	Attempts uint32
+
+	token     [16]byte
+	chunks    uint32 // overflow body chunks stored under 'b'
+	storedLen int64  // bytes this record occupies on disk, for the 'x' index
+}
+
+// Value layout: a fixed header the sweeper and read-side filter can use
+// without decoding, then the msgpack payload. A new payload layout gets a new
+// formatVersion; decode keeps accepting every older one.
+const (
+	formatVersion = 1
+	headerLen     = 10 // version, state, BE64 expires_at (Unix ns)
+	// payloadFields is the number of array elements formatVersion 1 writes.
+	// Decoders skip elements beyond the ones they know, so a later version
+	// may append fields without a new formatVersion.
+	payloadFields = 13
+)
+
+// ErrCorrupt reports a stored value that cannot be decoded.
+var errCorrupt = errors.New("idem: corrupt record")
+
+// encode appends r's value encoding to dst. Encoding into memory cannot
+// fail, so the errors are joined rather than checked one by one.
+func (r *Record) encode(dst []byte) ([]byte, error) {
+	dst = append(dst, formatVersion, byte(r.State))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(r.ExpiresAt.UnixNano()))
+	buf := bytes.NewBuffer(dst)
+	enc := msgpack.GetEncoder()
+	defer msgpack.PutEncoder(enc)
+	enc.Reset(buf)
+	err := errors.Join(
+		enc.EncodeArrayLen(payloadFields),
+		enc.EncodeBytes(r.Fingerprint[:]),
+		enc.EncodeBytes(r.token[:]),
+		enc.EncodeInt(r.CreatedAt.UnixNano()),
+		enc.EncodeInt(r.UpdatedAt.UnixNano()),
+		enc.EncodeInt(r.LeaseUntil.UnixNano()),
+		enc.EncodeUint(uint64(r.Attempts)),
+		enc.EncodeInt(int64(r.Response.Status)),
+		encodeHeader(enc, r.Response.Header),
+		enc.EncodeBytes(r.Response.Body),
+		enc.EncodeInt(r.BodyLen),
+		enc.EncodeBytes(r.BodyDigest[:]),
+		enc.EncodeUint(uint64(r.chunks)),
+		enc.EncodeBool(r.BodyOmitted),
+	)
+	return buf.Bytes(), err
+}
+
+func encodeHeader(enc *msgpack.Encoder, h http.Header) error {
+	if err := enc.EncodeMapLen(len(h)); err != nil {
+		return err
+	}
+	for k, vs := range h {
+		if err := enc.EncodeString(k); err != nil {
+			return err
+		}
+		if err := enc.EncodeArrayLen(len(vs)); err != nil {
+			return err
+		}
+		for _, v := range vs {
+			if err := enc.EncodeString(v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// peekHeader reads the fixed header of a stored value.
+func peekHeader(v []byte) (State, int64, error) {
+	if len(v) < headerLen || v[0] == 0 || v[0] > formatVersion {
+		return 0, 0, errCorrupt
+	}
+	s := State(v[1])
+	if s < StateInProgress || s > StateUnknown {
+		return 0, 0, errCorrupt
+	}
+	return s, int64(binary.BigEndian.Uint64(v[2:headerLen])), nil
+}
+
+// decodeRecord decodes a stored value. It never panics on arbitrary input and
+// copies everything it keeps, so v may be reused afterwards.
+func decodeRecord(v []byte) (*Record, error) {
+	state, exp, err := peekHeader(v)
+	if err != nil {
+		return nil, err
+	}
+	r := &Record{State: state, ExpiresAt: time.Unix(0, exp)}
+	dec := msgpack.GetDecoder()
+	defer msgpack.PutDecoder(dec)
+	dec.Reset(bytes.NewReader(v[headerLen:]))
+
+	n, err := dec.DecodeArrayLen()
+	if err != nil || n < payloadFields {
+		return nil, errCorrupt
+	}
+	f := fieldReader{dec: dec}
+	f.fixed(r.Fingerprint[:])
+	f.fixed(r.token[:])
+	r.CreatedAt = time.Unix(0, f.int())
+	r.UpdatedAt = time.Unix(0, f.int())
+	r.LeaseUntil = time.Unix(0, f.int())
+	r.Attempts = uint32(f.uint(1<<32 - 1))
+	r.Response.Status = int(f.uint(999))
+	r.Response.Header = f.header()
+	r.Response.Body = f.bytes()
+	r.BodyLen = f.int()
+	f.fixed(r.BodyDigest[:])
+	r.chunks = uint32(f.uint(1<<32 - 1))
+	r.BodyOmitted = f.bool()
+	for i := payloadFields; i < n && f.err == nil; i++ {
+		f.err = dec.Skip()
+	}
+	if f.err != nil || r.BodyLen < 0 {
+		return nil, errCorrupt
+	}
+	r.storedLen = int64(len(v))
+	return r, nil
+}
+
+// fieldReader decodes payload fields in order and keeps the first error, so
+// that nothing past a broken field is read.
+type fieldReader struct {
+	dec *msgpack.Decoder
+	err error
+}
+
+func (f *fieldReader) int() int64 {
+	if f.err != nil {
+		return 0
+	}
+	v, err := f.dec.DecodeInt64()
+	f.err = err
+	return v
+}
+
+func (f *fieldReader) uint(max uint64) uint64 {
+	if f.err != nil {
+		return 0
+	}
+	v, err := f.dec.DecodeUint64()
+	if err == nil && v > max {
+		err = errCorrupt
+	}
+	f.err = err
+	return v
+}
+
+func (f *fieldReader) bool() bool {
+	if f.err != nil {
+		return false
+	}
+	v, err := f.dec.DecodeBool()
+	f.err = err
+	return v
+}
+
+func (f *fieldReader) bytes() []byte {
+	if f.err != nil {
+		return nil
+	}
+	v, err := f.dec.DecodeBytes()
+	f.err = err
+	return v
+}
+
+func (f *fieldReader) string() string {
+	if f.err != nil {
+		return ""
+	}
+	v, err := f.dec.DecodeString()
+	f.err = err
+	return v
+}
+
+// fixed decodes a byte string that must be exactly len(dst) long.
+func (f *fieldReader) fixed(dst []byte) {
+	if b := f.bytes(); f.err == nil && len(b) != len(dst) {
+		f.err = errCorrupt
+	} else {
+		copy(dst, b)
+	}
+}
+
+// length decodes an array or map length. Callers cap what they allocate up
+// front, so a forged length costs a failed read, not memory.
+func (f *fieldReader) length(decodeLen func() (int, error)) int {
+	if f.err != nil {
+		return 0
+	}
+	n, err := decodeLen()
+	if err == nil && n < 0 {
+		err = errCorrupt
+	}
+	f.err = err
+	return n
+}
+
+func (f *fieldReader) header() http.Header {
+	n := f.length(f.dec.DecodeMapLen)
+	if n == 0 {
+		return nil
+	}
+	h := make(http.Header, min(n, 64))
+	for i := 0; i < n && f.err == nil; i++ {
+		k := f.string()
+		m := f.length(f.dec.DecodeArrayLen)
+		vs := make([]string, 0, min(m, 16))
+		for j := 0; j < m && f.err == nil; j++ {
+			vs = append(vs, f.string())
+		}
+		h[k] = vs
+	}
+	return h
+}
+
+// bodyDigest is the digest recorded for every stored response body.
+func bodyDigest(b []byte) [32]byte { return sha256.Sum256(b) }

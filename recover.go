@@ -1,0 +1,209 @@
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/google/uuid"
+
+	"github.com/idemkv/idem/internal/keys"
+)
+
+// Records that are not completed are listed in the pending index ('p'),
+// keyed by the end of their lease (or, once they left progress, by when
+// they did). Recovery reads that index instead of the whole store: the
+// overdue claims are exactly its entries due by now whose state is
+// in progress.
+
+// pendingEntry is one entry of the pending index.
+type pendingEntry struct {
+	rk      []byte
+	due     time.Time
+	created time.Time
+	state   State
+}
+
+// scanPending calls fn for each pending-index entry due before until, in
+// order of due time, until fn returns false.
+func (db *DB) scanPending(until time.Time, fn func(pendingEntry) bool) error {
+	lo := keys.IndexBound(keys.TagPending, math.MinInt64)
+	hi := keys.IndexBound(keys.TagPending, until.UnixNano())
+	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	for ok := it.First(); ok; ok = it.Next() {
+		due, rk, err := keys.ParseIndex(it.Key())
+		created, state, vok := parsePendingValue(it.Value())
+		if err != nil || !vok {
+			return errors.Join(fmt.Errorf("%w: pending index entry", ErrCorrupt), it.Close())
+		}
+		e := pendingEntry{rk: append([]byte(nil), rk...), due: time.Unix(0, due), created: created, state: state}
+		if !fn(e) {
+			break
+		}
+	}
+	return errors.Join(it.Error(), it.Close())
+}
+
+// Overdue returns up to limit in-progress records whose lease has run out
+// (limit <= 0: all of them), oldest lease first. Nobody is known to be
+// working on them, and they are never re-executed on their own: they wait
+// for Options.Reconcile or an operator.
+func (db *DB) Overdue(ctx context.Context, limit int) ([]*Record, error) {
+	exit, err := db.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer exit()
+	now := db.now()
+	var rks [][]byte
+	err = db.scanPending(now.Add(1), func(e pendingEntry) bool {
+		if e.state == StateInProgress {
+			rks = append(rks, e.rk)
+		}
+		return limit <= 0 || len(rks) < limit
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []*Record
+	for _, rk := range rks {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		rec, err := db.lockedRead(rk, now)
+		if err != nil {
+			return out, err
+		}
+		if rec != nil && rec.State == StateInProgress && !now.Before(rec.LeaseUntil) {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}
+
+// lockedRead reads the live record under rk with its scope, taking the
+// stripe; it returns nil if there is none.
+func (db *DB) lockedRead(rk []byte, now time.Time) (*Record, error) {
+	mu := db.stripe(rk)
+	mu.Lock()
+	defer mu.Unlock()
+	rec, live, err := db.readLocked(rk, now)
+	if err != nil || !live {
+		return nil, err
+	}
+	rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, err = keys.ParseRecord(rk)
+	return rec, err
+}
+
+// ReconcileResult says what one Reconcile pass did.
+type ReconcileResult struct {
+	Overdue  int // overdue in-progress records found
+	Resolved int // of those, resolved by Options.Reconcile
+}
+
+// Reconcile hands every overdue in-progress record to Options.Reconcile.
+// Each gets a fresh lease first (a new token, Attempts+1), so a holder that
+// was only slow gets ErrLeaseLost instead of racing the reconciler, and a
+// reconciler that gives up leaves the record to come due again one lease
+// later. Without a reconciler the records are only counted and logged. The
+// background loop calls Reconcile after each sweep.
+func (db *DB) Reconcile(ctx context.Context) (ReconcileResult, error) {
+	var res ReconcileResult
+	overdue, err := db.Overdue(ctx, 0)
+	if err != nil {
+		return res, err
+	}
+	res.Overdue = len(overdue)
+	for _, rec := range overdue {
+		db.opts.Logger.Warn("idem: claim overdue; its outcome is unknown until reconciled",
+			"tenant", rec.Scope.Tenant, "endpoint", rec.Scope.Endpoint, "key_hash", KeyHash(rec.Scope.Key),
+			"age", db.now().Sub(rec.CreatedAt), "attempts", rec.Attempts)
+		if db.opts.Reconcile == nil {
+			continue
+		}
+		l, err := db.takeOver(rec.Scope)
+		if errors.Is(err, errNotOverdue) {
+			continue
+		}
+		if err != nil {
+			return res, err
+		}
+		if err := db.opts.Reconcile(ctx, l); err != nil {
+			db.opts.Logger.Warn("idem: reconciler failed", "tenant", rec.Scope.Tenant,
+				"endpoint", rec.Scope.Endpoint, "key_hash", KeyHash(rec.Scope.Key), "err", err)
+			continue
+		}
+		if l.Record().State != StateInProgress {
+			res.Resolved++
+			db.stats.reconciled.Add(1)
+		}
+	}
+	return res, nil
+}
+
+var errNotOverdue = errors.New("idem: record is not overdue")
+
+// takeOver gives an overdue in-progress record a new lease.
+func (db *DB) takeOver(s Scope) (*Lease, error) {
+	exit, err := db.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer exit()
+	rk := s.recordKey()
+	mu := db.stripe(rk)
+	mu.Lock()
+	defer mu.Unlock()
+	now := db.now()
+	cur, live, err := db.readLocked(rk, now)
+	if err != nil {
+		return nil, err
+	}
+	if !live || cur.State != StateInProgress || now.Before(cur.LeaseUntil) {
+		return nil, errNotOverdue
+	}
+	token, err := uuid.NewRandom()
+	if err != nil {
+		return nil, fmt.Errorf("idem: lease token: %w", err)
+	}
+	next := *cur
+	next.Scope = s
+	next.token = token
+	next.UpdatedAt = now
+	next.LeaseUntil = now.Add(db.opts.Lease)
+	next.Attempts++
+	if err := db.writeLocked(rk, cur, &next, nil); err != nil {
+		return nil, err
+	}
+	return &Lease{db: db, rk: rk, scope: s, rec: next}, nil
+}
+
+// KeyHash returns a short, stable digest of an idempotency key, for logs
+// and listings that must not show the key itself.
+func KeyHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:8])
+}
+
+// DownstreamKey derives the idempotency key to send to a downstream service
+// (a payment provider, say) for one step of the operation named by s. It is
+// deterministic, so a reconciler or a retry that repeats the step sends the
+// same key and the provider deduplicates it; distinct scopes and steps get
+// distinct keys.
+func DownstreamKey(s Scope, step string) string {
+	h := sha256.New()
+	for _, part := range []string{"idem-downstream-v1", s.Tenant, s.Endpoint, s.Key, step} {
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(part))))
+		h.Write([]byte(part))
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

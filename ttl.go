@@ -1,0 +1,84 @@
+package idem
+
+import (
+	"context"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/idemkv/idem/compaction"
+)
+
+// Expiry works in three layers, so that correctness never waits for
+// cleanup:
+//
+//  1. Reads filter: Claim and Get treat a record whose ExpiresAt is not
+//     after now as absent (readLocked).
+//  2. Sweeps delete: the compaction package walks the expiry index and
+//     deletes each expired record with its index entries and body chunks,
+//     under the records' stripe locks (expireLocked below).
+//  3. Compaction reclaims: once enough bytes are swept, the swept spans are
+//     compacted so the space leaves the disk.
+
+// SweepResult says what one Sweep did.
+type SweepResult = compaction.Result
+
+// Sweep deletes every record that has expired by now and, once
+// Options.CompactBytes have been swept, compacts the cleared spans. The
+// background loop calls it every Options.SweepInterval; tests and tools
+// call it directly.
+func (db *DB) Sweep(ctx context.Context) (SweepResult, error) {
+	exit, err := db.enter()
+	if err != nil {
+		return SweepResult{}, err
+	}
+	defer exit()
+	return db.sweeper.Sweep(ctx, db.now().UnixNano())
+}
+
+// expireLocked is the sweeper's Expire hook: it re-reads the record under
+// its stripe, since a claim may have replaced it since the index was read.
+func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (bool, error) {
+	rec, live, err := db.readLocked(rk, time.Unix(0, now))
+	if err != nil || rec == nil || live {
+		return false, err
+	}
+	if err := deleteIndexes(b, rk, rec); err != nil {
+		return false, err
+	}
+	return true, b.Delete(rk, nil)
+}
+
+// background sweeps and reconciles every SweepInterval until Close.
+func (db *DB) background() {
+	defer db.bg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-db.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	t := time.NewTicker(db.opts.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-db.stop:
+			return
+		case <-t.C:
+		}
+		if _, err := db.Sweep(ctx); err != nil && ctx.Err() == nil {
+			db.opts.Logger.Warn("idem: sweep failed", "err", err)
+		}
+		if _, err := db.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			db.opts.Logger.Warn("idem: reconciliation failed", "err", err)
+		}
+	}
+}
+
+// now reads the clock as records store time: wall-clock nanoseconds in the
+// local zone, without a monotonic reading, so that a record read back
+// compares equal to the one that was written.
+func (db *DB) now() time.Time { return time.Unix(0, db.opts.Now().UnixNano()) }
