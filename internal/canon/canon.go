@@ -56,7 +56,7 @@ type Options struct {
 	// Volatile lists RFC 6901 JSON Pointers to members or elements that
 	// are dropped from the output, after the whole document has been
 	// checked. A "*" token matches every member of an object and every
-	// element of an array. Check each with ParsePointer first: Append
+	// element of an array. Check each with CheckPointer first: Append
 	// reports a bad pointer as a plain error, not an *Error.
 	Volatile []string
 	// MaxDepth bounds how deeply objects and arrays nest; 0 means

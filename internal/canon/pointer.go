@@ -5,13 +5,11 @@ import (
 	"strings"
 )
 
-// ParsePointer splits an RFC 6901 JSON Pointer into its decoded reference
-// tokens. The empty pointer, which names the whole document, is refused:
+// CheckPointer reports whether p is an RFC 6901 JSON Pointer that Options
+// can use. The empty pointer, which names the whole document, is refused:
 // dropping the whole body would make every request look alike.
-func ParsePointer(p string) ([]string, error) {
-	var toks []string
-	err := eachToken(p, func(t string) { toks = append(toks, t) })
-	return toks, err
+func CheckPointer(p string) error {
+	return eachToken(p, func(string) {})
 }
 
 // eachToken calls fn with each decoded token of p, without allocating
