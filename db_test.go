@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -538,3 +539,5 @@ func TestKeyErrorUnwraps(t *testing.T) {
 	assert.False(t, errors.Is(err, idem.ErrOutcomePending))
 	assert.Contains(t, err.Error(), "retry after 1s")
 }
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }

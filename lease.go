@@ -28,7 +28,8 @@ type Lease struct {
 	rec Record // guarded by mu: the record as this lease last wrote it
 }
 
-// Record returns a copy of the record as this lease last wrote it.
+// Record returns a copy of the record as this lease last wrote it; its
+// State is zero once the lease released the key.
 func (l *Lease) Record() Record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -138,6 +139,7 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 			return err
 		}
 		db.stats.releases.Add(1)
+		l.rec.State = 0
 		return nil
 	}
 	next := *cur

@@ -1,0 +1,153 @@
+package idem_test
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem"
+)
+
+// outcome is what a worker was told about one key, in the order it was told.
+type outcome int
+
+const (
+	claimed outcome = iota + 1
+	completed
+	released
+	unknown
+)
+
+// crashBody is the response body a worker stores for key i: some bodies are
+// inline, some are split into chunks.
+func crashBody(i int) []byte {
+	size := 100 + (i%7)*40_000
+	return bytes.Repeat([]byte{byte(i)}, size)
+}
+
+// TestCrashKeepsAcknowledgedWrites runs workers that claim keys and end
+// their leases in every way, takes a crash image of the filesystem at a
+// random moment, and reopens the image: everything acknowledged before the
+// image was taken must be there, and nothing else may be half there.
+func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
+	for round, unsynced := range []int{0, 10, 50, 90, 100, 30} {
+		t.Run(fmt.Sprintf("unsynced=%d", unsynced), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(round), 7))
+			fs := vfs.NewCrashableMem()
+			opts := &idem.Options{FS: fs, SweepInterval: -1, InlineBodyBytes: 64 << 10, MaxBodyBytes: 1 << 20}
+			db, err := idem.Open("db", opts)
+			require.NoError(t, err)
+
+			// Let some work be acknowledged before the crash; the amount, not
+			// the time, is what matters.
+			target := 200 + rng.IntN(400)
+			reached := make(chan struct{})
+			var (
+				mu     sync.Mutex
+				acked  = map[int]outcome{}
+				next   int
+				signal sync.Once
+			)
+			ack := func(i int, o outcome) {
+				mu.Lock()
+				defer mu.Unlock()
+				acked[i] = o
+				if len(acked) >= target {
+					signal.Do(func() { close(reached) })
+				}
+			}
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for w := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					wrng := rand.New(rand.NewPCG(uint64(round), uint64(w)))
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						mu.Lock()
+						i := next
+						next++
+						mu.Unlock()
+						s := scope(fmt.Sprint(i))
+						l, _, err := db.Claim(ctx, s, fp(fmt.Sprint(i)))
+						if err != nil {
+							return // closed under us
+						}
+						ack(i, claimed)
+						var end outcome
+						switch r := wrng.IntN(10); {
+						case r < 6:
+							end, err = completed, l.Complete(ctx, idem.Response{Status: 201, Body: crashBody(i)})
+						case r < 8:
+							end, err = released, l.Release(ctx)
+						case r < 9:
+							end, err = unknown, l.MarkUnknown(ctx)
+						default:
+							continue // left in progress
+						}
+						if err != nil {
+							return
+						}
+						ack(i, end)
+					}
+				}()
+			}
+			<-reached
+			mu.Lock()
+			snapshot := make(map[int]outcome, len(acked))
+			for k, v := range acked {
+				snapshot[k] = v
+			}
+			mu.Unlock()
+			image := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: unsynced, RNG: rand.New(rand.NewPCG(uint64(round), 99))})
+			close(stop)
+			wg.Wait()
+			require.NoError(t, db.Close())
+
+			after, err := idem.Open("db", &idem.Options{FS: image, SweepInterval: -1, InlineBodyBytes: 64 << 10, MaxBodyBytes: 1 << 20})
+			require.NoError(t, err, "the crash image must open")
+			defer after.Close()
+			require.NoError(t, after.CheckConsistency(), "no write may be half applied")
+			for i, want := range snapshot {
+				s := scope(fmt.Sprint(i))
+				rec, err := after.Get(ctx, s)
+				switch want {
+				case released:
+					assert.ErrorIs(t, err, idem.ErrNotFound, "key %d was released", i)
+					continue
+				case claimed:
+					// Its outcome may or may not have reached the disk, but the
+					// claim itself did, unless a later release did too.
+					if err != nil {
+						assert.ErrorIs(t, err, idem.ErrNotFound, "key %d", i)
+						continue
+					}
+				default:
+					require.NoError(t, err, "key %d was acknowledged as %d", i, want)
+				}
+				assert.Equal(t, fp(fmt.Sprint(i)), rec.Fingerprint)
+				switch {
+				case want == completed:
+					assert.Equal(t, idem.StateCompleted, rec.State, "key %d", i)
+				case want == unknown:
+					assert.Equal(t, idem.StateUnknown, rec.State, "key %d", i)
+				}
+				if rec.State == idem.StateCompleted {
+					assert.Equal(t, crashBody(i), rec.Response.Body, "key %d body", i)
+				}
+			}
+			t.Logf("crash image after %d acknowledged keys", len(snapshot))
+		})
+	}
+}

@@ -1,0 +1,183 @@
+package idem_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/internal/idemtest"
+)
+
+// faults injects errorfs.ErrInjected into the operations match selects,
+// while it is switched on, and switches itself off after limit faults when
+// limit is positive.
+type faults struct {
+	on       atomic.Bool
+	match    func(errorfs.Op) bool
+	limit    int64
+	injected atomic.Int64
+}
+
+func (f *faults) MaybeError(op errorfs.Op) error {
+	if !f.on.Load() || !f.match(op) {
+		return nil
+	}
+	if n := f.injected.Add(1); f.limit > 0 && n >= f.limit {
+		f.on.Store(false)
+	}
+	return errorfs.ErrInjected
+}
+
+func (f *faults) String() string { return "test faults" }
+
+func isTable(op errorfs.Op) bool { return strings.HasSuffix(op.Path, ".sst") }
+
+// fill completes n records and lets the clock run past half of them, then
+// sweeps with compaction so that the survivors are in sstables, not only in
+// the memtable.
+func fill(t *testing.T, db *idem.DB, clock *idemtest.Clock, n int) {
+	t.Helper()
+	for i := range n {
+		s := scope(fmt.Sprint("old", i))
+		require.NoError(t, claim(t, db, s, fp("a")).Complete(ctx, paid))
+	}
+	clock.Advance(23 * time.Hour)
+	for i := range n {
+		s := scope(fmt.Sprint(i))
+		require.NoError(t, claim(t, db, s, fp("a")).Complete(ctx, idem.Response{Status: 200, Body: []byte(fmt.Sprint(i))}))
+	}
+	clock.Advance(2 * time.Hour)
+	res, err := db.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, n, res.Records)
+	require.Positive(t, res.Compactions)
+}
+
+func checkIntact(t *testing.T, db *idem.DB, n int) {
+	t.Helper()
+	for i := range n {
+		_, rec, err := db.Claim(ctx, scope(fmt.Sprint(i)), fp("a"))
+		require.NoError(t, err)
+		require.NotNil(t, rec, "key %d must replay", i)
+		assert.Equal(t, fmt.Sprint(i), string(rec.Response.Body))
+	}
+	require.NoError(t, db.CheckConsistency())
+}
+
+func TestReadFaultsGiveErrors(t *testing.T) {
+	const n = 300
+	f := &faults{match: func(op errorfs.Op) bool { return isTable(op) && op.Kind.ReadOrWrite() == errorfs.OpIsRead }}
+	fs := errorfs.Wrap(vfs.NewMem(), f)
+	clock := idemtest.NewClock()
+	opts := &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1, CompactBytes: 1, Logger: discard()}
+	db, err := idem.Open("db", opts)
+	require.NoError(t, err)
+	fill(t, db, clock, n)
+	require.NoError(t, db.Close())
+
+	// A fresh handle has a cold cache, so lookups must read the tables.
+	db, err = idem.Open("db", opts)
+	require.NoError(t, err)
+	defer db.Close()
+	f.on.Store(true)
+	var failed int
+	for i := range n {
+		_, _, err := db.Claim(ctx, scope(fmt.Sprint(i)), fp("a"))
+		if err != nil {
+			failed++
+		}
+		_, err = db.Get(ctx, scope(fmt.Sprint(i)))
+		if err != nil {
+			assert.NotErrorIs(t, err, idem.ErrNotFound, "a read error must not look like a missing record")
+		}
+	}
+	f.on.Store(false)
+	assert.Positive(t, failed, "read faults must surface as errors")
+	assert.Positive(t, f.injected.Load())
+	t.Logf("%d read faults injected, %d claims failed", f.injected.Load(), failed)
+	checkIntact(t, db, n)
+}
+
+// TestTableWriteFaultsLoseNothing fails the writes of flushes and
+// compactions for a while. Pebble retries them in the background; the WAL
+// keeps every acknowledged write, and once the fault clears, the sweep's
+// compaction goes through and everything is intact.
+func TestTableWriteFaultsLoseNothing(t *testing.T) {
+	const n = 300
+	f := &faults{limit: 25, match: func(op errorfs.Op) bool { return isTable(op) && op.Kind.ReadOrWrite() == errorfs.OpIsWrite }}
+	fs := errorfs.Wrap(vfs.NewMem(), f)
+	clock := idemtest.NewClock()
+	db, err := idem.Open("db", &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1, CompactBytes: 1, Logger: discard()})
+	require.NoError(t, err)
+	defer db.Close()
+	f.on.Store(true)
+	fill(t, db, clock, n)
+	assert.Equal(t, f.limit, f.injected.Load(), "every planned fault was hit")
+	t.Logf("%d table write faults injected", f.injected.Load())
+	checkIntact(t, db, n)
+	require.NoError(t, db.Close())
+	reopened, err := idem.Open("db", &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1})
+	require.NoError(t, err)
+	defer reopened.Close()
+	checkIntact(t, reopened, n)
+}
+
+// TestWALFailureEndsProcess runs a child process whose WAL sync fails: it
+// must exit with the documented status and message, never carry on. The
+// store it leaves must open, with what was acknowledged before the fault.
+func TestWALFailureEndsProcess(t *testing.T) {
+	if dir := os.Getenv("IDEM_WAL_CHILD"); dir != "" {
+		walChild(dir)
+		return
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestWALFailureEndsProcess$")
+	cmd.Env = append(os.Environ(), "IDEM_WAL_CHILD="+dir)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "output: %s", out)
+	assert.Equal(t, 74, exit.ExitCode())
+	assert.Contains(t, string(out), "idem: fatal storage error")
+	assert.NotContains(t, string(out), "child survived")
+
+	db, err := idem.Open(filepath.Join(dir, "db"), &idem.Options{SweepInterval: -1})
+	require.NoError(t, err)
+	defer db.Close()
+	rec, err := db.Get(ctx, scope("before"))
+	require.NoError(t, err)
+	assert.Equal(t, paid.Body, rec.Response.Body)
+}
+
+func walChild(dir string) {
+	f := &faults{match: func(op errorfs.Op) bool {
+		return strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo)
+	}}
+	db, err := idem.Open(filepath.Join(dir, "db"), &idem.Options{FS: errorfs.Wrap(vfs.Default, f), SweepInterval: -1})
+	if err != nil {
+		fmt.Println("open:", err)
+		os.Exit(3)
+	}
+	l, _, err := db.Claim(ctx, scope("before"), fp("a"))
+	if err == nil {
+		err = l.Complete(ctx, paid)
+	}
+	if err != nil {
+		fmt.Println("before:", err)
+		os.Exit(3)
+	}
+	f.on.Store(true)
+	_, _, err = db.Claim(ctx, scope("after"), fp("a"))
+	fmt.Println("child survived:", err)
+	os.Exit(0)
+}
