@@ -127,6 +127,9 @@ func (e *BodyError) Error() string {
 func (e *BodyError) Is(target error) bool { return target == ErrInvalidBody }
 
 func bodyError(err error) error {
+	if err == nil {
+		return nil
+	}
 	var e *canon.Error
 	if errors.As(err, &e) {
 		return &BodyError{Code: string(e.Code), Offset: e.Offset, Detail: e.Detail}

@@ -11,6 +11,7 @@
 package canon
 
 import (
+	"math"
 	"sync"
 )
 
@@ -62,7 +63,8 @@ type Options struct {
 	// MaxDepth bounds how deeply objects and arrays nest; 0 means
 	// DefaultMaxDepth.
 	MaxDepth int
-	// MaxBytes bounds the input length; 0 means DefaultMaxBytes.
+	// MaxBytes bounds the input length; 0 means DefaultMaxBytes. Inputs
+	// of 2 GiB or more are always refused.
 	MaxBytes int
 }
 
@@ -76,6 +78,7 @@ func Append(dst, src []byte, o *Options) ([]byte, error) {
 	if maxBytes <= 0 {
 		maxBytes = DefaultMaxBytes
 	}
+	maxBytes = min(maxBytes, math.MaxInt32)
 	if len(src) > maxBytes {
 		return dst, fail(ErrTooLarge, maxBytes, "input is %d bytes, the limit is %d", len(src), maxBytes)
 	}

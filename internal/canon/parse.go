@@ -1,6 +1,8 @@
 package canon
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"slices"
 	"strconv"
 	"unicode/utf8"
@@ -48,13 +50,17 @@ type frame struct {
 }
 
 // member is one object member. Its canonical bytes, without the comma, are
-// out[start:end].
+// out[start:end]. Offsets into the input fit in 32 bits because Append caps
+// the input there; keeping the struct small is what makes sorting cheap.
 type member struct {
-	keyOff  int // in src, or in keys when esc
-	keyLen  int
+	// prefix is the name's first 8 bytes, big-endian and zero-padded: it
+	// orders most pairs of names without looking at them.
+	prefix  uint64
+	keyOff  int32 // in src, or in keys when esc
+	keyLen  int32
+	src     int32 // offset of the name's opening quote, for errors
 	esc     bool
 	dropped bool
-	src     int // offset of the name's opening quote, for errors
 	start   int
 	end     int
 }
@@ -64,6 +70,29 @@ func (s *state) key(m *member) []byte {
 		return s.keys[m.keyOff : m.keyOff+m.keyLen]
 	}
 	return s.src[m.keyOff : m.keyOff+m.keyLen]
+}
+
+func prefixOf(k []byte) uint64 {
+	if len(k) >= 8 {
+		return binary.BigEndian.Uint64(k)
+	}
+	var b [8]byte
+	copy(b[:], k)
+	return binary.BigEndian.Uint64(b[:])
+}
+
+// compare orders two members by name (see compareUTF16). When the prefixes
+// first differ in an ASCII byte (the zero padding counts as one: a name
+// that ends there is a prefix of the other) byte order is the answer.
+func (s *state) compare(a, b *member) int {
+	if x := a.prefix ^ b.prefix; x != 0 {
+		shift := 56 - bits.LeadingZeros64(x)&^7
+		ca, cb := byte(a.prefix>>shift), byte(b.prefix>>shift)
+		if ca < utf8.RuneSelf && cb < utf8.RuneSelf {
+			return cmpByte(ca, cb)
+		}
+	}
+	return compareUTF16(s.key(a), s.key(b))
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
@@ -235,23 +264,24 @@ func (s *state) member(i int) (int, error) {
 	if f.emitted > 0 {
 		s.out = append(s.out, ',')
 	}
-	m := member{src: i, start: len(s.out)}
+	m := member{src: int32(i), start: len(s.out)}
 	end, esc, err := s.str(i)
 	if err != nil {
 		return end, err
 	}
 	if esc {
 		m.esc = true
-		m.keyOff = len(s.keys)
+		m.keyOff = int32(len(s.keys))
 		s.keys = unescape(s.keys, s.out[m.start+1:len(s.out)-1])
-		m.keyLen = len(s.keys) - m.keyOff
+		m.keyLen = int32(len(s.keys)) - m.keyOff
 	} else {
-		m.keyOff, m.keyLen = i+1, end-i-2
+		m.keyOff, m.keyLen = int32(i+1), int32(end-i-2)
 	}
 	k := s.key(&m)
+	m.prefix = prefixOf(k)
 	if len(s.members) > f.base {
 		prev := &s.members[len(s.members)-1]
-		switch compareUTF16(s.key(prev), k) {
+		switch s.compare(prev, &m) {
 		case 0:
 			return i, fail(ErrDuplicateMember, i, "member %s appears more than once", quote(k))
 		case 1:
@@ -322,11 +352,20 @@ func (s *state) finishObject(f *frame) error {
 		return nil
 	}
 	ms := s.members[f.base:]
-	slices.SortFunc(ms, func(a, b member) int { return compareUTF16(s.key(&a), s.key(&b)) })
+	if len(ms) <= 12 {
+		// Objects are mostly small; this beats a generic sort's calls.
+		for j := 1; j < len(ms); j++ {
+			for k := j; k > 0 && s.compare(&ms[k-1], &ms[k]) > 0; k-- {
+				ms[k-1], ms[k] = ms[k], ms[k-1]
+			}
+		}
+	} else {
+		slices.SortFunc(ms, func(a, b member) int { return s.compare(&a, &b) })
+	}
 	for j := 1; j < len(ms); j++ {
-		if compareUTF16(s.key(&ms[j-1]), s.key(&ms[j])) == 0 {
+		if s.compare(&ms[j-1], &ms[j]) == 0 {
 			later := max(ms[j-1].src, ms[j].src)
-			return fail(ErrDuplicateMember, later, "member %s appears more than once", quote(s.key(&ms[j])))
+			return fail(ErrDuplicateMember, int(later), "member %s appears more than once", quote(s.key(&ms[j])))
 		}
 	}
 	buf := s.scratch[:0]
