@@ -1,0 +1,65 @@
+// Command idem is the idempotency toolbox: run `idem help` for the list of
+// subcommands.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+)
+
+// A command is one subcommand. run gets the arguments after the
+// subcommand's name and returns the exit status: 0 success, 1 failure,
+// 2 bad usage. Each lives in its own file and parses its own flags.
+type command struct {
+	summary string
+	run     func(args []string, stdin io.Reader, stdout, stderr io.Writer) int
+}
+
+// commands is the whole command line: adding a subcommand is one file and
+// one line here.
+var commands = map[string]command{
+	"canon":       {"print the canonical form of a JSON document", runCanon},
+	"fingerprint": {"print the fingerprint of a request, to see why a retry got 422", runFingerprint},
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return 2
+	}
+	switch name := args[0]; name {
+	case "help", "-h", "-help", "--help":
+		usage(stdout)
+		return 0
+	default:
+		cmd, ok := commands[name]
+		if !ok {
+			fmt.Fprintf(stderr, "idem: unknown command %q\n\n", name)
+			usage(stderr)
+			return 2
+		}
+		return cmd.run(args[1:], stdin, stdout, stderr)
+	}
+}
+
+func usage(w io.Writer) {
+	var b strings.Builder
+	b.WriteString("usage: idem <command> [arguments]\n\ncommands:\n")
+	names := make([]string, 0, len(commands))
+	for name := range commands {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fmt.Fprintf(&b, "  %-12s %s\n", name, commands[name].summary)
+	}
+	b.WriteString("\nRun 'idem <command> --help' for a command's flags.\n")
+	io.WriteString(w, b.String())
+}
