@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/google/uuid"
+
+	"github.com/idemkv/idem"
+)
+
+// op is one logical operation of the workload: a tenant, a key and the
+// request it carries.
+type op struct {
+	tenant string
+	key    string
+	fp     idem.Fingerprint
+}
+
+func newOp(tenant int) op {
+	key := uuid.NewString()
+	return op{tenant: fmt.Sprintf("tenant-%03d", tenant), key: key, fp: sha256.Sum256([]byte(key))}
+}
+
+const endpoint = "POST /v1/payments"
+
+// system is one store under test.
+type system interface {
+	// claimComplete durably claims o, then durably stores body as its
+	// response, as a server does around one operation.
+	claimComplete(ctx context.Context, o op, body []byte) error
+	// replay answers a retry of a completed o with its stored response.
+	replay(ctx context.Context, o op) ([]byte, error)
+	// syncsPerOp is how many WAL syncs one claimComplete cost on average
+	// so far, or 0 when the system does not know.
+	syncsPerOp() float64
+	close() error
+}
+
+// idemSystem is the idem library on its default options.
+type idemSystem struct{ db *idem.DB }
+
+func openIdem(dir string) (system, error) {
+	db, err := idem.Open(dir, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &idemSystem{db: db}, nil
+}
+
+func (s *idemSystem) claimComplete(ctx context.Context, o op, body []byte) error {
+	l, _, err := s.db.Claim(ctx, idem.Scope{Tenant: o.tenant, Endpoint: endpoint, Key: o.key}, o.fp)
+	if err != nil {
+		return err
+	}
+	return l.Complete(ctx, idem.Response{Status: 201, Header: benchHeader, Body: body})
+}
+
+var benchHeader = map[string][]string{"Content-Type": {"application/json"}}
+
+func (s *idemSystem) replay(ctx context.Context, o op) ([]byte, error) {
+	_, rec, err := s.db.Claim(ctx, idem.Scope{Tenant: o.tenant, Endpoint: endpoint, Key: o.key}, o.fp)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, errors.New("bench: replay found no record")
+	}
+	return rec.Response.Body, nil
+}
+
+func (s *idemSystem) syncsPerOp() float64 {
+	m, err := s.db.Metrics()
+	if err != nil || m.Commits == 0 {
+		return 0
+	}
+	// Two commits (claim, complete) per operation.
+	return 2 * float64(m.Syncs) / float64(m.Commits)
+}
+
+func (s *idemSystem) close() error { return s.db.Close() }
+
+// pebbleSystem is the naive baseline: what a careful developer writes by
+// hand on Pebble with the same tuning idem uses (bloom filters, cache).
+// Each write is its own synced Set under a striped mutex, so concurrent
+// writers share syncs only as far as Pebble's own commit pipeline groups
+// them.
+type pebbleSystem struct {
+	db      *pebble.DB
+	seed    maphash.Seed
+	stripes [4096]sync.Mutex
+}
+
+func openPebble(dir string) (system, error) {
+	opts := &pebble.Options{Logger: quietLogger{}, CacheSize: 64 << 20, MemTableSize: 64 << 20, FormatMajorVersion: pebble.FormatNewest}
+	opts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &pebbleSystem{db: db, seed: maphash.MakeSeed()}, nil
+}
+
+func (s *pebbleSystem) rowKey(o op) []byte {
+	return fmt.Appendf(nil, "%s\x00%s\x00%s", o.tenant, endpoint, o.key)
+}
+
+func (s *pebbleSystem) claimComplete(ctx context.Context, o op, body []byte) error {
+	k := s.rowKey(o)
+	mu := &s.stripes[maphash.Bytes(s.seed, k)%uint64(len(s.stripes))]
+	mu.Lock()
+	_, closer, err := s.db.Get(k)
+	if err == nil {
+		closer.Close()
+		mu.Unlock()
+		return errors.New("bench: key exists")
+	}
+	if !errors.Is(err, pebble.ErrNotFound) {
+		mu.Unlock()
+		return err
+	}
+	// fingerprint, state, expires_at
+	claim := binary.BigEndian.AppendUint64(append(append([]byte{}, o.fp[:]...), 'p'), uint64(time.Now().Add(24*time.Hour).UnixNano()))
+	err = s.db.Set(k, claim, pebble.Sync)
+	mu.Unlock()
+	if err != nil {
+		return err
+	}
+	done := append(append(append([]byte{}, o.fp[:]...), 'c'), body...)
+	mu.Lock()
+	defer mu.Unlock()
+	return s.db.Set(k, done, pebble.Sync)
+}
+
+func (s *pebbleSystem) replay(ctx context.Context, o op) ([]byte, error) {
+	v, closer, err := s.db.Get(s.rowKey(o))
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+	if len(v) < 33 || v[32] != 'c' {
+		return nil, errors.New("bench: not completed")
+	}
+	return append([]byte(nil), v[33:]...), nil
+}
+
+func (s *pebbleSystem) syncsPerOp() float64 { return 0 }
+
+func (s *pebbleSystem) close() error { return s.db.Close() }
+
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)  {}
+func (quietLogger) Errorf(string, ...any) {}
+func (quietLogger) Fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "pebble: "+format+"\n", args...)
+	os.Exit(74)
+}
+
+// openers lists the systems by the names -systems accepts.
+var openers = map[string]func(dir string) (system, error){
+	"idem":   openIdem,
+	"pebble": openPebble,
+}
