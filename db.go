@@ -281,11 +281,12 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (*Lease, *Reco
 		Attempts:    1,
 		token:       token,
 	}
-	if err := db.writeLocked(rk, old, rec, nil); err != nil {
+	v, err := db.writeLocked(rk, old, rec, nil)
+	if err != nil {
 		return nil, nil, err
 	}
 	db.stats.claims.Add(1)
-	return &Lease{db: db, rk: rk, scope: s, rec: *rec}, nil, nil
+	return &Lease{db: db, rk: rk, scope: s, rec: *rec, val: v}, nil, nil
 }
 
 // answerLocked decides what a claim of a live record gets.
@@ -317,12 +318,13 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now 
 // writeLocked durably replaces old (nil if absent) with rec under rk, with
 // the index entries and body chunks that go with each. body, when set, is
 // an overflow body to store in chunks rather than in the record. The caller
-// holds rk's stripe and must not have changed old since reading it.
-func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) error {
+// holds rk's stripe and must not have changed old since reading it. It
+// returns the value it stored.
+func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) ([]byte, error) {
 	rec.chunks = uint32((len(body) + chunkBytes - 1) / chunkBytes)
-	v, err := rec.encode(make([]byte, 0, 128+len(rec.Response.Body)))
+	v, err := rec.encode(make([]byte, 0, 256+len(rec.Response.Body)))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	rec.storedLen = int64(len(v) + len(body))
 	xk := keys.AppendIndex(nil, keys.TagExpiry, rec.ExpiresAt.UnixNano(), rk)
@@ -332,7 +334,7 @@ func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) error {
 		pk = keys.AppendIndex(nil, keys.TagPending, rec.LeaseUntil.UnixNano(), rk)
 		pv = pendingValue(rec)
 	}
-	return db.commits.commit(func(b *pebble.Batch) error {
+	return v, db.commits.commit(func(b *pebble.Batch) error {
 		if old != nil {
 			if err := deleteIndexes(b, rk, old); err != nil {
 				return err

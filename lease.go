@@ -1,10 +1,14 @@
 package idem
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // Lease is the right to run one claimed operation and record its outcome.
@@ -26,6 +30,7 @@ type Lease struct {
 
 	mu  sync.Mutex
 	rec Record // guarded by mu: the record as this lease last wrote it
+	val []byte // guarded by mu: rec's stored value
 }
 
 // Record returns a copy of the record as this lease last wrote it; its
@@ -127,26 +132,31 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 	mu.Lock()
 	defer mu.Unlock()
 	now := db.now()
-	cur, live, err := db.readLocked(l.rk, now)
+	// The record is still this lease's exactly when it is in progress and
+	// its stored value is the one the lease last wrote: any other writer
+	// changes the state or the token. Comparing bytes spares decoding.
+	held, err := db.holds(l.rk, l.val)
 	if err != nil {
 		return err
 	}
-	if !live || cur.State != StateInProgress || cur.token != l.rec.token {
+	if !held || l.rec.State != StateInProgress || !now.Before(l.rec.ExpiresAt) {
 		return ErrLeaseLost
 	}
+	cur := &l.rec
 	if change == nil {
 		if err := db.deleteLocked(l.rk, cur); err != nil {
 			return err
 		}
 		db.stats.releases.Add(1)
-		l.rec.State = 0
+		l.rec.State, l.val = 0, nil
 		return nil
 	}
 	next := *cur
 	next.Scope = l.scope
 	next.UpdatedAt = now
 	body := change(&next, now)
-	if err := db.writeLocked(l.rk, cur, &next, body); err != nil {
+	v, err := db.writeLocked(l.rk, cur, &next, body)
+	if err != nil {
 		return err
 	}
 	switch next.State {
@@ -157,6 +167,20 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 	case StateFailed:
 		db.stats.failures.Add(1)
 	}
-	l.rec = next
+	l.rec, l.val = next, v
 	return nil
+}
+
+// holds reports whether the value stored under rk is exactly v. The caller
+// holds rk's stripe.
+func (db *DB) holds(rk, v []byte) (bool, error) {
+	got, closer, err := db.pdb.Get(rk)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("idem: read record: %w", err)
+	}
+	defer closer.Close()
+	return bytes.Equal(got, v), nil
 }

@@ -181,10 +181,11 @@ func (db *DB) takeOver(s Scope) (*Lease, error) {
 	next.UpdatedAt = now
 	next.LeaseUntil = now.Add(db.opts.Lease)
 	next.Attempts++
-	if err := db.writeLocked(rk, cur, &next, nil); err != nil {
+	v, err := db.writeLocked(rk, cur, &next, nil)
+	if err != nil {
 		return nil, err
 	}
-	return &Lease{db: db, rk: rk, scope: s, rec: next}, nil
+	return &Lease{db: db, rk: rk, scope: s, rec: next, val: v}, nil
 }
 
 // KeyHash returns a short, stable digest of an idempotency key, for logs
