@@ -23,8 +23,10 @@ const (
 	// prints it in the layout of ECMAScript's Number.prototype.toString.
 	// 4200, 4200.0 and 4.2e3 print alike; 9007199254740993 and
 	// 9007199254740992 stay apart, as they would not through a double.
-	// For numbers of at most 15 significant digits inside the double
-	// range, the output equals JCS's byte for byte.
+	// For numbers of at most 15 significant digits within the range of
+	// normal doubles (magnitudes from about 2.2e-308 to 1.8e308) the
+	// output equals JCS's byte for byte: a double holds such a decimal
+	// exactly enough to print it back unchanged.
 	Exact Profile = iota
 	// JCS is RFC 8785 exactly: every number is rounded to the nearest
 	// IEEE 754 double and printed as ECMAScript would print it. Use it
