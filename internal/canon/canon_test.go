@@ -2,6 +2,7 @@ package canon
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf16"
@@ -309,4 +310,32 @@ func TestErrorMatching(t *testing.T) {
 	assert.True(t, errors.Is(err, ErrDuplicateMember))
 	assert.False(t, errors.Is(err, ErrSyntax))
 	assert.Equal(t, `canon: duplicate_member at byte 7: member "a" appears more than once`, err.Error())
+}
+
+// The pooled parser state must never leak between calls, including calls
+// that fail half-way.
+func TestAppendConcurrent(t *testing.T) {
+	docs := []struct{ in, want string }{
+		{`{"b":[{"d":1,"c":2}],"a":"\u00e9"}`, `{"a":"é","b":[{"c":2,"d":1}]}`},
+		{`[1.50,{"z":{},"y":[]}]`, `[1.5,{"y":[],"z":{}}]`},
+		{`{"a":1,"b":{"x":1,"x":2}}`, ""},
+		{strings.Repeat(`{"k":`, 200), ""},
+	}
+	done := make(chan error)
+	for g := range 8 {
+		go func() {
+			for i := range 200 {
+				d := docs[(g+i)%len(docs)]
+				out, err := Append(nil, []byte(d.in), &Options{})
+				if (err == nil) != (d.want != "") || string(out) != d.want {
+					done <- fmt.Errorf("%s: got %q, %v", d.in, out, err)
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 8 {
+		assert.NoError(t, <-done)
+	}
 }
