@@ -296,9 +296,15 @@ func FuzzNeverPanics(f *testing.F) {
 		r := request(body)
 		r.ContentType = contentType
 		for _, p := range []idem.Profile{idem.ProfileExact, idem.ProfileJCS} {
-			o := idem.CanonicalOptions{Profile: p, Volatile: []string{pointer}, MaxDepth: 16, MaxBytes: 1 << 12}
+			// Most random strings are not pointers; make them one so the
+			// body still gets parsed, and fall back to none if "~" spoils it.
+			o := idem.CanonicalOptions{Profile: p, Volatile: []string{"/" + strings.TrimPrefix(pointer, "/")}, MaxDepth: 16, MaxBytes: 1 << 12}
 			_, err := r.Fingerprint(o)
 			var be *idem.BodyError
+			if err != nil && !errors.As(err, &be) {
+				o.Volatile = nil
+				_, err = r.Fingerprint(o)
+			}
 			if errors.As(err, &be) && (be.Offset < 0 || be.Offset > len(body) || be.Code == "") {
 				t.Fatalf("body error %+v for %d bytes", be, len(body))
 			}
