@@ -1,0 +1,229 @@
+package idemclient
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/idemkv/idem"
+)
+
+// KeyStore keeps the key of each named operation across restarts of the
+// client, so that an operation interrupted by a crash is resumed with the
+// key it was first sent with. Implementations must be safe for concurrent
+// use.
+type KeyStore interface {
+	// Save returns the key of operation op. If op has none yet, Save
+	// stores key for it, durably before returning, and returns key;
+	// otherwise it returns the stored key and ignores key. The Transport
+	// sends nothing until Save has returned.
+	Save(ctx context.Context, op, key string) (string, error)
+	// Done records that op received a definitive response with status.
+	// Only the first call for an operation counts. It does not forget the
+	// key: a later request under the same name sends it again and gets
+	// the stored outcome from the server.
+	Done(ctx context.Context, op string, status int) error
+}
+
+// ErrUnknownOperation: the key store holds no key for the operation.
+var ErrUnknownOperation = errors.New("idemclient: unknown operation")
+
+// MemoryKeyStore is a KeyStore in memory, for tests and for processes in
+// which a Transport may be rebuilt but the process lives on. The zero value
+// is an empty store ready to use. It is safe for concurrent use.
+type MemoryKeyStore struct {
+	mu  sync.Mutex
+	ops map[string]memOp // guarded by mu
+}
+
+type memOp struct {
+	key    string
+	status int
+}
+
+// Save implements KeyStore.
+func (s *MemoryKeyStore) Save(_ context.Context, op, key string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if o, ok := s.ops[op]; ok {
+		return o.key, nil
+	}
+	if s.ops == nil {
+		s.ops = make(map[string]memOp)
+	}
+	s.ops[op] = memOp{key: key}
+	return key, nil
+}
+
+// Done implements KeyStore. It fails with ErrUnknownOperation if op has no
+// key.
+func (s *MemoryKeyStore) Done(_ context.Context, op string, status int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o, ok := s.ops[op]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownOperation, op)
+	}
+	if o.status == 0 {
+		o.status = status
+		s.ops[op] = o
+	}
+	return nil
+}
+
+// Lookup returns op's key and, once it is done, its definitive status (0
+// before). It fails with ErrUnknownOperation if op has no key.
+func (s *MemoryKeyStore) Lookup(_ context.Context, op string) (key string, status int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o, ok := s.ops[op]
+	if !ok {
+		return "", 0, fmt.Errorf("%w: %q", ErrUnknownOperation, op)
+	}
+	return o.key, o.status, nil
+}
+
+// Endpoints under which DBKeyStore keeps its records, so that a DB's
+// Options.EndpointTTL can give them their own lifetime.
+const (
+	// KeyEndpoint holds one record per operation whose body is its key.
+	KeyEndpoint = "idemclient.key"
+	// DoneEndpoint holds one record per finished operation whose status
+	// is the definitive status.
+	DoneEndpoint = "idemclient.done"
+)
+
+// The fingerprints of the two kinds of record. Each is fixed, so that a
+// second claim of an operation's record finds the first one completed and
+// reads it back, instead of being refused as a different request.
+var (
+	keyFingerprint  idem.Fingerprint = sha256.Sum256([]byte("idemclient key record v1"))
+	doneFingerprint idem.Fingerprint = sha256.Sum256([]byte("idemclient done record v1"))
+)
+
+// DBKeyStore is a KeyStore kept in an idem DB, the embedded store the
+// server side uses, so a client gets the same durability (every write is
+// synced before it returns) without another database. It is safe for
+// concurrent use.
+//
+// It uses only the DB's claim API. An operation's key is one record in
+// scope (namespace, KeyEndpoint, operation): the first Save claims it and
+// completes it with the key as the body, and every later Save's claim
+// finds that record and reads the key from it. Claims of one scope are
+// serialized by the DB, so two callers saving the same operation cannot
+// both win. Completed records are never overwritten, so "done" cannot be a
+// change to the key record; it is a second record in (namespace,
+// DoneEndpoint, operation) completed with the status.
+//
+// Records expire with the DB's TTL (Options.TTL, or Options.EndpointTTL
+// for KeyEndpoint and DoneEndpoint). After that, the operation's name gets
+// a new key; keep the TTL longer than you would ever retry an operation,
+// and no longer than the server remembers keys.
+//
+// A process that stops between claiming a key record and completing it
+// leaves the record in progress, and later Saves of that operation fail
+// until it is resolved. No key was sent for it, since the Transport sends
+// only after Save returns, so it is safe to drop: call Reconcile from the
+// DB's Options.Reconcile.
+type DBKeyStore struct {
+	db        *idem.DB
+	namespace string
+}
+
+// NewDBKeyStore returns a KeyStore that keeps its records in db under the
+// tenant namespace, which keeps clients that share one DB apart (at most
+// idem.MaxTenantBytes; may be empty). Operation names are the records'
+// keys, so they must be 1 to idem.MaxKeyBytes bytes long.
+func NewDBKeyStore(db *idem.DB, namespace string) *DBKeyStore {
+	return &DBKeyStore{db: db, namespace: namespace}
+}
+
+func (s *DBKeyStore) scope(endpoint, op string) idem.Scope {
+	return idem.Scope{Tenant: s.namespace, Endpoint: endpoint, Key: op}
+}
+
+// Save implements KeyStore. It fails with an error matching
+// idem.ErrInProgress if another caller is saving op at the same moment.
+func (s *DBKeyStore) Save(ctx context.Context, op, key string) (string, error) {
+	lease, rec, err := s.db.Claim(ctx, s.scope(KeyEndpoint, op), keyFingerprint)
+	if err != nil {
+		return "", fmt.Errorf("idemclient: claim key record: %w", err)
+	}
+	if rec != nil {
+		return string(rec.Response.Body), nil
+	}
+	if err := lease.Complete(ctx, idem.Response{Status: http.StatusOK, Body: []byte(key)}); err != nil {
+		// The key was never returned, so never sent: free the name again.
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return "", fmt.Errorf("idemclient: store key: %w", err)
+	}
+	return key, nil
+}
+
+// Done implements KeyStore. It fails with ErrUnknownOperation if op has no
+// key.
+func (s *DBKeyStore) Done(ctx context.Context, op string, status int) error {
+	if _, _, err := s.Lookup(ctx, op); err != nil {
+		return err
+	}
+	lease, _, err := s.db.Claim(ctx, s.scope(DoneEndpoint, op), doneFingerprint)
+	if err != nil {
+		return fmt.Errorf("idemclient: claim done record: %w", err)
+	}
+	if lease == nil {
+		return nil // done already; the first status stands
+	}
+	if err := lease.Complete(ctx, idem.Response{Status: status}); err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return fmt.Errorf("idemclient: store done record: %w", err)
+	}
+	return nil
+}
+
+// Lookup returns op's key and, once it is done, its definitive status (0
+// before). It fails with ErrUnknownOperation if op has no key.
+func (s *DBKeyStore) Lookup(ctx context.Context, op string) (key string, status int, err error) {
+	rec, err := s.completed(ctx, KeyEndpoint, op)
+	if err != nil {
+		return "", 0, err
+	}
+	if rec == nil {
+		return "", 0, fmt.Errorf("%w: %q", ErrUnknownOperation, op)
+	}
+	key = string(rec.Response.Body)
+	if rec, err = s.completed(ctx, DoneEndpoint, op); err != nil || rec == nil {
+		return key, 0, err
+	}
+	return key, rec.Response.Status, nil
+}
+
+// completed returns the completed record of op under endpoint, or nil if
+// there is none. A record still in progress counts as none: its Save or
+// Done never returned.
+func (s *DBKeyStore) completed(ctx context.Context, endpoint, op string) (*idem.Record, error) {
+	rec, err := s.db.Get(ctx, s.scope(endpoint, op))
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("idemclient: read %s record: %w", endpoint, err)
+	case rec.State != idem.StateCompleted:
+		return nil, nil
+	}
+	return rec, nil
+}
+
+// Reconcile releases l if it is one of this store's records, and reports
+// whether it was. Call it first from the DB's Options.Reconcile, so that a
+// key record left in progress by a crash frees its operation name: no key
+// was sent for it. Other records are left to the rest of the reconciler.
+func (s *DBKeyStore) Reconcile(ctx context.Context, l *idem.Lease) (bool, error) {
+	sc := l.Scope()
+	if sc.Tenant != s.namespace || (sc.Endpoint != KeyEndpoint && sc.Endpoint != DoneEndpoint) {
+		return false, nil
+	}
+	return true, l.Release(ctx)
+}
