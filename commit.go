@@ -9,24 +9,30 @@ import (
 
 // committer coalesces the writes of concurrent callers into one Pebble batch
 // and one WAL sync. A sync costs about as much for one record as for dozens,
-// so under load the many callers waiting on a sync share it instead of
-// queueing one sync each.
+// so while one group's sync runs, the callers that arrive meanwhile fill the
+// next group, and that group then commits with a single sync.
 //
-// Callers add their operations to the open group under mu and then wait for
-// the group's sync. A caller that holds a stripe lock keeps it while it
-// waits: Pebble makes a batch readable before its sync ends, and the stripe
-// is what keeps other callers of that key from reading it too early.
+// There is no committer goroutine: the first caller to join a group is its
+// leader. It waits for the previous group's commit to finish, closes its
+// group to newcomers and commits it; the others wait for the result. The
+// leader is a goroutine that is already running, so no commit waits for the
+// scheduler to wake a helper.
+//
+// A caller that holds a stripe lock keeps it while it waits: Pebble makes a
+// batch readable before its sync ends, and the stripe is what keeps other
+// callers of that key from reading it too early.
 type committer struct {
-	db   *pebble.DB
-	kick chan struct{} // capacity 1: "the open group has work"
-	done chan struct{} // closed when run returns
+	db *pebble.DB
+	// flushing holds a token while a group commits, so that groups commit
+	// one at a time and the next one has the whole sync to fill.
+	flushing chan struct{}
 
 	mu     sync.Mutex
-	open   *group // guarded by mu
+	open   *group // guarded by mu: the group new callers join
 	closed bool   // guarded by mu
 
 	commits atomic.Int64 // caller commits, for Metrics
-	syncs   atomic.Int64 // group syncs, for Metrics
+	syncs   atomic.Int64 // group commits, each with one WAL sync
 }
 
 // group is one batch being filled, and then committed, for many callers.
@@ -38,9 +44,8 @@ type group struct {
 }
 
 func newCommitter(db *pebble.DB) *committer {
-	c := &committer{db: db, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	c := &committer{db: db, flushing: make(chan struct{}, 1)}
 	c.open = c.newGroup()
-	go c.run()
 	return c
 }
 
@@ -60,58 +65,39 @@ func (c *committer) commit(fill func(b *pebble.Batch) error) error {
 	}
 	g := c.open
 	if err := fill(g.b); err != nil {
-		// A half-filled batch cannot be undone; fill only fails on
-		// programming errors, which Pebble reports before writing.
+		// fill fails only on programming errors, which Pebble reports
+		// before it writes anything to the batch.
 		c.mu.Unlock()
 		return err
 	}
 	g.n++
-	// Kicking under mu means close, which closes kick under mu, can never
-	// race with a send.
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
+	lead := g.n == 1
 	c.mu.Unlock()
 	c.commits.Add(1)
-	<-g.synced
+	if !lead {
+		<-g.synced
+		return g.err
+	}
+
+	c.flushing <- struct{}{}
+	c.mu.Lock()
+	c.open = c.newGroup()
+	c.mu.Unlock()
+	g.err = g.b.Commit(pebble.Sync)
+	c.syncs.Add(1)
+	<-c.flushing
+	close(g.synced)
+	g.b.Close()
 	return g.err
 }
 
-// run commits groups one after another. While one group syncs, the next one
-// fills: that is where the coalescing comes from.
-func (c *committer) run() {
-	defer close(c.done)
-	for range c.kick {
-		c.mu.Lock()
-		g := c.open
-		if g.n == 0 {
-			c.mu.Unlock()
-			continue
-		}
-		c.open = c.newGroup()
-		c.mu.Unlock()
-		g.err = g.b.Commit(pebble.Sync)
-		c.syncs.Add(1)
-		close(g.synced)
-		g.b.Close()
-	}
-	// kick is closed only once closed is set, after which nobody touches
-	// the open group: it is empty.
-	c.open.b.Close()
-}
-
-// close refuses new commits, lets the ones already added finish, and stops
-// the goroutine. Callers must not hold stripe locks.
+// close refuses new commits. The DB calls it once no operation is in
+// flight, so the open group is empty.
 func (c *committer) close() {
 	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		<-c.done
-		return
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.closed = true
+		c.open.b.Close()
 	}
-	c.closed = true
-	close(c.kick)
-	c.mu.Unlock()
-	<-c.done
 }

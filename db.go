@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -320,39 +321,60 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now 
 // an overflow body to store in chunks rather than in the record. The caller
 // holds rk's stripe and must not have changed old since reading it. It
 // returns the value it stored.
+//
+// Only the index entries that change are written: every memtable entry
+// costs a skiplist insert on the hot path.
 func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) ([]byte, error) {
 	rec.chunks = uint32((len(body) + chunkBytes - 1) / chunkBytes)
 	v, err := rec.encode(make([]byte, 0, 256+len(rec.Response.Body)))
 	if err != nil {
 		return nil, err
 	}
-	rec.storedLen = int64(len(v) + len(body))
-	xk := keys.AppendIndex(nil, keys.TagExpiry, rec.ExpiresAt.UnixNano(), rk)
-	xv := binary.AppendUvarint(nil, uint64(rec.storedLen))
-	var pk, pv []byte
-	if rec.State != StateCompleted {
-		pk = keys.AppendIndex(nil, keys.TagPending, rec.LeaseUntil.UnixNano(), rk)
+	rec.storedLen = int64(len(v))
+	xk, pk := indexKeys(rk, rec)
+	var oldX, oldP []byte
+	if old != nil {
+		oldX, oldP = indexKeys(rk, old)
+	}
+	var pv []byte
+	if pk != nil {
 		pv = pendingValue(rec)
 	}
 	return v, db.commits.commit(func(b *pebble.Batch) error {
-		if old != nil {
-			if err := deleteIndexes(b, rk, old); err != nil {
-				return err
-			}
+		var errs []error
+		if old != nil && old.chunks > 0 {
+			lo, hi := keys.ChunkSpan(rk)
+			errs = append(errs, b.DeleteRange(lo, hi, nil))
 		}
 		for i := uint32(0); i < rec.chunks; i++ {
 			end := min(len(body), int(i+1)*chunkBytes)
-			if err := b.Set(keys.AppendChunk(nil, rk, i), body[int(i)*chunkBytes:end], nil); err != nil {
-				return err
-			}
+			errs = append(errs, b.Set(keys.AppendChunk(nil, rk, i), body[int(i)*chunkBytes:end], nil))
+		}
+		if oldX != nil && !bytes.Equal(oldX, xk) {
+			errs = append(errs, b.Delete(oldX, nil))
+		}
+		if oldX == nil || !bytes.Equal(oldX, xk) {
+			errs = append(errs, b.Set(xk, nil, nil))
+		}
+		if oldP != nil && !bytes.Equal(oldP, pk) {
+			errs = append(errs, b.Delete(oldP, nil))
 		}
 		if pk != nil {
-			if err := b.Set(pk, pv, nil); err != nil {
-				return err
-			}
+			errs = append(errs, b.Set(pk, pv, nil))
 		}
-		return errors.Join(b.Set(xk, xv, nil), b.Set(rk, v, nil))
+		errs = append(errs, b.Set(rk, v, nil))
+		return errors.Join(errs...)
 	})
+}
+
+// indexKeys returns rec's expiry-index key and, unless it is completed, its
+// pending-index key.
+func indexKeys(rk []byte, rec *Record) (xk, pk []byte) {
+	xk = keys.AppendIndex(nil, keys.TagExpiry, rec.ExpiresAt.UnixNano(), rk)
+	if rec.State != StateCompleted {
+		pk = keys.AppendIndex(nil, keys.TagPending, rec.LeaseUntil.UnixNano(), rk)
+	}
+	return xk, pk
 }
 
 // deleteLocked durably removes rec and everything that belongs to it.
@@ -365,9 +387,10 @@ func (db *DB) deleteLocked(rk []byte, rec *Record) error {
 // deleteIndexes adds to b the removal of rec's index entries and body
 // chunks, but not of the record itself.
 func deleteIndexes(b *pebble.Batch, rk []byte, rec *Record) error {
-	errs := []error{b.Delete(keys.AppendIndex(nil, keys.TagExpiry, rec.ExpiresAt.UnixNano(), rk), nil)}
-	if rec.State != StateCompleted {
-		errs = append(errs, b.Delete(keys.AppendIndex(nil, keys.TagPending, rec.LeaseUntil.UnixNano(), rk), nil))
+	xk, pk := indexKeys(rk, rec)
+	errs := []error{b.Delete(xk, nil)}
+	if pk != nil {
+		errs = append(errs, b.Delete(pk, nil))
 	}
 	if rec.chunks > 0 {
 		lo, hi := keys.ChunkSpan(rk)

@@ -104,4 +104,3 @@ func (db *DB) CountFamily(tag byte) (int, error) {
 	err := db.scanFamily(tag, func(k, v []byte) error { n++; return nil })
 	return n, err
 }
-

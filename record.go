@@ -91,7 +91,7 @@ type Record struct {
 
 	token     [16]byte
 	chunks    uint32 // overflow body chunks stored under 'b'
-	storedLen int64  // bytes this record occupies on disk, for the 'x' index
+	storedLen int64  // length of the stored value, for the sweeper's byte count
 }
 
 // Value layout: a fixed header the sweeper and read-side filter can use

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -38,15 +39,15 @@ func (db *DB) Sweep(ctx context.Context) (SweepResult, error) {
 
 // expireLocked is the sweeper's Expire hook: it re-reads the record under
 // its stripe, since a claim may have replaced it since the index was read.
-func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (bool, error) {
+func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, error) {
 	rec, live, err := db.readLocked(rk, time.Unix(0, now))
 	if err != nil || rec == nil || live {
-		return false, err
+		return 0, err
 	}
-	if err := deleteIndexes(b, rk, rec); err != nil {
-		return false, err
+	if err := errors.Join(deleteIndexes(b, rk, rec), b.Delete(rk, nil)); err != nil {
+		return 0, err
 	}
-	return true, b.Delete(rk, nil)
+	return rec.storedLen + rec.BodyLen*int64(min(rec.chunks, 1)), nil
 }
 
 // background sweeps and reconciles every SweepInterval until Close.

@@ -131,6 +131,7 @@ func run(ctx context.Context, cfg config, dataDir string) ([]row, error) {
 	for _, conc := range cfg.concs {
 		for _, name := range cfg.systems {
 			s, log := systems[name], done[name]
+			s.syncsPerOp() // start counting here
 			r, err := measure(ctx, conc, cfg.duration, func(rng *rand.Rand) error {
 				o := newOp(rng.IntN(100))
 				if err := s.claimComplete(ctx, o, cfg.body); err != nil {
@@ -269,6 +270,5 @@ func round(d time.Duration) string {
 		return d.Round(100 * time.Nanosecond).String()
 	}
 }
-
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

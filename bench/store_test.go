@@ -46,6 +46,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 		for _, name := range []string{"idem", "pebble"} {
 			b.Run(fmt.Sprintf("conc=%d/system=%s", conc, name), func(b *testing.B) {
 				s := openBench(b, name)
+				s.syncsPerOp() // start counting here
 				b.ReportAllocs()
 				b.SetBytes(int64(len(body)))
 				if conc == 1 {

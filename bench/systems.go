@@ -41,13 +41,16 @@ type system interface {
 	// replay answers a retry of a completed o with its stored response.
 	replay(ctx context.Context, o op) ([]byte, error)
 	// syncsPerOp is how many WAL syncs one claimComplete cost on average
-	// so far, or 0 when the system does not know.
+	// since the previous call, or 0 when the system does not know.
 	syncsPerOp() float64
 	close() error
 }
 
 // idemSystem is the idem library on its default options.
-type idemSystem struct{ db *idem.DB }
+type idemSystem struct {
+	db                     *idem.DB
+	lastCommits, lastSyncs int64
+}
 
 func openIdem(dir string) (system, error) {
 	db, err := idem.Open(dir, nil)
@@ -80,11 +83,16 @@ func (s *idemSystem) replay(ctx context.Context, o op) ([]byte, error) {
 
 func (s *idemSystem) syncsPerOp() float64 {
 	m, err := s.db.Metrics()
-	if err != nil || m.Commits == 0 {
+	if err != nil {
+		return 0
+	}
+	commits, syncs := m.Commits-s.lastCommits, m.Syncs-s.lastSyncs
+	s.lastCommits, s.lastSyncs = m.Commits, m.Syncs
+	if commits == 0 {
 		return 0
 	}
 	// Two commits (claim, complete) per operation.
-	return 2 * float64(m.Syncs) / float64(m.Commits)
+	return 2 * float64(syncs) / float64(commits)
 }
 
 func (s *idemSystem) close() error { return s.db.Close() }

@@ -9,7 +9,6 @@ package compaction
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -37,9 +36,10 @@ type Sweeper struct {
 	Commit func(fill func(*pebble.Batch) error) error
 	// Expire adds to b the deletion of the record stored under rk, with
 	// everything that belongs to it but its expiry-index entry, if it has
-	// expired by now (Unix ns). It reports whether it did. The caller holds
+	// expired by now (Unix ns). It returns the bytes the record occupied,
+	// body chunks included, or 0 if it did not delete it. The caller holds
 	// rk's lock.
-	Expire func(b *pebble.Batch, rk []byte, now int64) (bool, error)
+	Expire func(b *pebble.Batch, rk []byte, now int64) (int64, error)
 	// CompactBytes is how many swept bytes trigger a compaction of the
 	// swept spans. Zero compacts after every sweep that deleted anything.
 	CompactBytes int64
@@ -68,10 +68,7 @@ func (s *Sweeper) Totals() Result {
 	return Result{Records: int(s.records.Load()), Bytes: s.bytes.Load(), Compactions: int(s.compactions.Load())}
 }
 
-type entry struct {
-	xk, rk []byte
-	size   int64
-}
+type entry struct{ xk, rk []byte }
 
 // Sweep deletes every record that expired by now (Unix ns), in steps of a
 // bounded size, then compacts the swept spans if enough bytes are owed.
@@ -119,11 +116,7 @@ func (s *Sweeper) scan(lo, hi []byte) ([]entry, error) {
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("compaction: expiry index: %w", err), it.Close())
 		}
-		size, n := binary.Uvarint(it.Value())
-		if n <= 0 || size > math.MaxInt64 {
-			size = 0
-		}
-		out = append(out, entry{xk: xk, rk: rk, size: int64(size)})
+		out = append(out, entry{xk: xk, rk: rk})
 	}
 	return out, errors.Join(it.Error(), it.Close())
 }
@@ -142,15 +135,15 @@ func (s *Sweeper) step(batch []entry, lo, end []byte, now int64, res *Result) er
 	var n int
 	var freed int64
 	for _, e := range batch {
-		ok, err := s.Expire(b, e.rk, now)
+		size, err := s.Expire(b, e.rk, now)
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if size == 0 {
 			continue
 		}
 		n++
-		freed += e.size
+		freed += size
 		s.widen(e.rk)
 	}
 	if err := b.DeleteRange(lo, end, nil); err != nil {

@@ -7,10 +7,13 @@
 // tenant's records are one contiguous span.
 //
 //	'r' 0x01 uvarint(len t) t uvarint(len e) e uvarint(len k) k   record
-//	'x' BE64(expires_at) <record key>                             expiry index
-//	'p' BE64(lease_until) <record key>                            pending index
+//	'x' BE64(expires_at) <record key>                             expiry index, empty value
+//	'p' BE64(lease_until) <record key>                            pending index, value BE64(created_at) state
 //	'b' <record key> BE32(chunk)                                  body chunk
-//	'm' "schema"                                                  schema version
+//	'm' "schema"                                                  schema version, uvarint
+//
+// Times are Unix nanoseconds with the sign bit flipped, so they sort as
+// unsigned big-endian integers.
 package keys
 
 import (
