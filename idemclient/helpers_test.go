@@ -1,0 +1,168 @@
+package idemclient_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem/idemclient"
+)
+
+// fakeClock stands in for both Options.Now and Options.Sleep: a sleep
+// returns at once after moving the clock forward, so no test really waits.
+type fakeClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	waits   []time.Duration
+	onSleep func(n int) // called with the sleep's number (1 for the first)
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.waits = append(c.waits, d)
+	c.now = c.now.Add(d)
+	n, hook := len(c.waits), c.onSleep
+	c.mu.Unlock()
+	if hook != nil {
+		hook(n)
+	}
+	return nil
+}
+
+func (c *fakeClock) Waits() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.waits...)
+}
+
+// step is one scripted answer of a flaky server.
+type step struct {
+	status int
+	header http.Header
+	body   string
+	drop   bool // read the request, then close the connection unanswered
+	stall  bool // never answer; wait for the client to give up
+}
+
+func status(code int) step { return step{status: code} }
+
+func withRetryAfter(code int, v string) step {
+	return step{status: code, header: http.Header{"Retry-After": {v}}}
+}
+
+// problemStep is an RFC 9457 answer carrying one of idem's problem codes.
+func problemStep(code int, problem string, retryAfter string) step {
+	h := http.Header{"Content-Type": {"application/problem+json"}}
+	if retryAfter != "" {
+		h.Set("Retry-After", retryAfter)
+	}
+	return step{status: code, header: h, body: `{"type":"about:blank","status":` + strconv.Itoa(code) + `,"code":"` + problem + `"}`}
+}
+
+// seen is what a flaky server received on one request.
+type seen struct {
+	header http.Header
+	body   string
+}
+
+// flaky is an httptest server that answers with its script in order, then
+// with 201 to everything.
+type flaky struct {
+	mu    sync.Mutex
+	steps []step
+	got   []seen
+	srv   *httptest.Server
+}
+
+func newFlaky(t *testing.T, steps ...step) *flaky {
+	t.Helper()
+	f := &flaky{steps: steps}
+	f.srv = httptest.NewServer(f)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *flaky) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	n := len(f.got)
+	f.got = append(f.got, seen{header: r.Header.Clone(), body: string(body)})
+	st := step{status: http.StatusCreated, body: `{"id":"ord_1"}`}
+	if n < len(f.steps) {
+		st = f.steps[n]
+	}
+	f.mu.Unlock()
+	switch {
+	case st.drop:
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+		return
+	case st.stall:
+		<-r.Context().Done()
+		return
+	}
+	for k, vs := range st.header {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(st.status)
+	io.WriteString(w, st.body)
+}
+
+// requests returns what the server has received so far.
+func (f *flaky) requests() []seen {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]seen(nil), f.got...)
+}
+
+// keys returns the Idempotency-Key of every request received.
+func (f *flaky) keys() []string {
+	var ks []string
+	for _, s := range f.requests() {
+		ks = append(ks, s.header.Get(idemclient.DefaultHeader))
+	}
+	return ks
+}
+
+// noReuse is a base transport that opens a connection per attempt. Tests
+// that count attempts on the server use it because net/http itself resends
+// a request carrying an Idempotency-Key when a reused connection breaks,
+// which would add attempts the Transport never made.
+func noReuse() *http.Transport { return &http.Transport{DisableKeepAlives: true} }
+
+func newTransport(t *testing.T, o *idemclient.Options) *idemclient.Transport {
+	t.Helper()
+	tr, err := idemclient.NewTransport(o)
+	require.NoError(t, err)
+	return tr
+}
+
+func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	return req
+}
