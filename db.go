@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -75,6 +76,7 @@ type DB struct {
 	seed    maphash.Seed
 	stripes [numStripes]sync.Mutex
 	stats   counters
+	waiting waiters
 
 	// ops is read-locked by every operation and write-locked by Close, so
 	// that Close waits for operations in flight and none starts after it.
@@ -172,6 +174,7 @@ func (db *DB) Close() error {
 		db.ops.Lock()
 		db.closed = true
 		db.ops.Unlock()
+		db.waiting.wakeAll()
 		db.commits.close()
 		db.closeErr = errors.Join(db.pdb.Close(), db.lock.Close())
 	})
@@ -240,8 +243,15 @@ func (db *DB) readLocked(rk []byte, now time.Time) (rec *Record, live bool, err 
 // matches ErrInProgress (retry later), ErrFingerprintMismatch (permanent) or
 // ErrOutcomePending (an earlier attempt must be resolved first). Exactly one
 // of the lease, the record and the error is non-nil.
-func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (*Lease, *Record, error) {
+func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint, opts ...ClaimOption) (*Lease, *Record, error) {
 	if err := s.Validate(); err != nil {
+		return nil, nil, err
+	}
+	cfg := claimConfig{ttl: db.opts.ttlFor(s.Endpoint)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := db.opts.checkTTL("claim TTL", cfg.ttl); err != nil {
 		return nil, nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -277,7 +287,7 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (*Lease, *Reco
 		State:       StateInProgress,
 		CreatedAt:   now,
 		UpdatedAt:   now,
-		ExpiresAt:   now.Add(db.opts.ttlFor(s.Endpoint)),
+		ExpiresAt:   now.Add(cfg.ttl),
 		LeaseUntil:  now.Add(db.opts.Lease),
 		Attempts:    1,
 		token:       token,
@@ -288,6 +298,25 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (*Lease, *Reco
 	}
 	db.stats.claims.Add(1)
 	return &Lease{db: db, rk: rk, scope: s, rec: *rec, val: v}, nil, nil
+}
+
+// A ClaimOption adjusts one claim.
+type ClaimOption func(*claimConfig)
+
+type claimConfig struct{ ttl time.Duration }
+
+// WithTTL sets the claimed record's TTL, overriding Options.TTL and
+// Options.EndpointTTL. The same rule applies: at least ten leases long,
+// or the claim fails with ErrInvalidOptions.
+func WithTTL(ttl time.Duration) ClaimOption {
+	return func(c *claimConfig) { c.ttl = ttl }
+}
+
+// Options returns the options the DB runs with, defaults filled in.
+func (db *DB) Options() Options {
+	o := db.opts
+	o.EndpointTTL = maps.Clone(o.EndpointTTL)
+	return o
 }
 
 // answerLocked decides what a claim of a live record gets.

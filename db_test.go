@@ -541,3 +541,45 @@ func TestKeyErrorUnwraps(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func TestWaitReturnsAtOnceWhenNothingRuns(t *testing.T) {
+	db, clock := idemtest.Open(t, nil)
+	require.NoError(t, db.Wait(ctx, scope("absent")))
+	require.NoError(t, claim(t, db, scope("done"), fp("a")).Complete(ctx, paid))
+	require.NoError(t, db.Wait(ctx, scope("done")))
+	claim(t, db, scope("stuck"), fp("a"))
+	clock.Advance(time.Minute)
+	require.NoError(t, db.Wait(ctx, scope("stuck")), "an overdue claim is not worth waiting for")
+}
+
+func TestWaitGivesUpWithContext(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	claim(t, db, scope("k"), fp("a"))
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	assert.ErrorIs(t, db.Wait(cctx, scope("k")), context.Canceled)
+	done := make(chan error, 1)
+	go func() { done <- db.Wait(ctx, scope("k")) }()
+	// Close wakes sleepers rather than leaving them to their contexts;
+	// whether the waiter registered before Close or finds the DB closed,
+	// it returns.
+	require.NoError(t, db.Close())
+	err := <-done
+	if err != nil {
+		assert.ErrorIs(t, err, idem.ErrClosed)
+	}
+}
+
+func TestClaimWithTTL(t *testing.T) {
+	db, clock := idemtest.Open(t, nil)
+	l, _, err := db.Claim(ctx, scope("k"), fp("a"), idem.WithTTL(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, l.Complete(ctx, paid))
+	clock.Advance(time.Hour)
+	_, err = db.Get(ctx, scope("k"))
+	assert.ErrorIs(t, err, idem.ErrNotFound)
+	_, _, err = db.Claim(ctx, scope("k2"), fp("a"), idem.WithTTL(time.Minute))
+	assert.ErrorIs(t, err, idem.ErrInvalidOptions, "a TTL shorter than ten leases")
+	_, err = db.Get(ctx, scope("k2"))
+	assert.ErrorIs(t, err, idem.ErrNotFound, "a refused claim stores nothing")
+}

@@ -148,6 +148,7 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 			return err
 		}
 		db.stats.releases.Add(1)
+		db.waiting.wake(l.rk)
 		l.rec.State, l.val = 0, nil
 		return nil
 	}
@@ -158,6 +159,9 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 	v, err := db.writeLocked(l.rk, cur, &next, body)
 	if err != nil {
 		return err
+	}
+	if next.State != StateInProgress {
+		db.waiting.wake(l.rk)
 	}
 	switch next.State {
 	case StateCompleted:

@@ -132,11 +132,8 @@ func (o *Options) withDefaults() (Options, error) {
 		bad("Lease %s must be positive", c.Lease)
 	}
 	checkTTL := func(name string, ttl time.Duration) {
-		switch {
-		case ttl <= 0:
-			bad("%s %s must be positive", name, ttl)
-		case c.Lease > 0 && ttl < minTTLLeases*c.Lease:
-			bad("%s %s must be at least %d leases (%s)", name, ttl, minTTLLeases, minTTLLeases*c.Lease)
+		if err := c.checkTTL(name, ttl); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	checkTTL("TTL", c.TTL)
@@ -156,6 +153,17 @@ func (o *Options) withDefaults() (Options, error) {
 		bad("CacheBytes %d must not be negative", c.CacheBytes)
 	}
 	return c, errors.Join(errs...)
+}
+
+// checkTTL applies the TTL rule to one TTL.
+func (o *Options) checkTTL(name string, ttl time.Duration) error {
+	switch {
+	case ttl <= 0:
+		return fmt.Errorf("%w: %s %s must be positive", ErrInvalidOptions, name, ttl)
+	case o.Lease > 0 && ttl < minTTLLeases*o.Lease:
+		return fmt.Errorf("%w: %s %s must be at least %d leases (%s)", ErrInvalidOptions, name, ttl, minTTLLeases, minTTLLeases*o.Lease)
+	}
+	return nil
 }
 
 // ttlFor returns the TTL that applies to endpoint.

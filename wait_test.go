@@ -1,0 +1,47 @@
+package idem
+
+import (
+	"context"
+	"runtime"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestWaitWakesOnLeaseEnd makes sure the waiter is registered before the
+// lease ends, so that only a real wake-up can let it return.
+func TestWaitWakesOnLeaseEnd(t *testing.T) {
+	ctx := context.Background()
+	s := Scope{Tenant: "t", Endpoint: "e", Key: "k"}
+	for name, end := range map[string]func(*Lease) error{
+		"complete": func(l *Lease) error { return l.Complete(ctx, Response{Status: 200}) },
+		"release":  func(l *Lease) error { return l.Release(ctx) },
+		"unknown":  func(l *Lease) error { return l.MarkUnknown(ctx) },
+		"failed":   func(l *Lease) error { return l.MarkFailed(ctx) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			db, err := Open("db", &Options{FS: vfs.NewMem(), SweepInterval: -1})
+			require.NoError(t, err)
+			defer db.Close()
+			l, _, err := db.Claim(ctx, s, Fingerprint{1})
+			require.NoError(t, err)
+			woke := make(chan error, 1)
+			go func() { woke <- db.Wait(ctx, s) }()
+			for db.waiting.n.Load() == 0 {
+				runtime.Gosched()
+			}
+			select {
+			case err := <-woke:
+				t.Fatalf("Wait returned while the lease was held: %v", err)
+			default:
+			}
+			require.NoError(t, end(l))
+			require.NoError(t, <-woke)
+			assert.Zero(t, db.waiting.n.Load())
+			_, _, err = db.Claim(ctx, s, Fingerprint{1})
+			assert.NotErrorIs(t, err, ErrInProgress)
+		})
+	}
+}
