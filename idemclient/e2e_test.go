@@ -1,0 +1,284 @@
+package idemclient_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/idemclient"
+	"github.com/idemkv/idem/internal/idemtest"
+)
+
+// idemServer is a small stand-in for idemhttp built on the core DB: claim,
+// run, complete; replay with Idempotent-Replayed; 409 request_in_progress
+// with Retry-After; 422 on a fingerprint mismatch; 409 outcome_pending.
+// It can drop its next responses after committing, the failure idempotency
+// keys exist for.
+type idemServer struct {
+	db         *idem.DB
+	drops      atomic.Int32 // responses still to drop
+	executions atomic.Int32 // times the operation really ran
+	srv        *httptest.Server
+}
+
+const tenant = "acme"
+
+func newIdemServer(t *testing.T, drops int32) *idemServer {
+	t.Helper()
+	db, _ := idemtest.Open(t, nil)
+	s := &idemServer{db: db}
+	s.drops.Store(drops)
+	s.srv = httptest.NewServer(s)
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func serverScope(key string) idem.Scope {
+	return idem.Scope{Tenant: tenant, Endpoint: "POST /orders", Key: key}
+}
+
+func serverFingerprint(t *testing.T, body string) idem.Fingerprint {
+	t.Helper()
+	fp, err := idem.Request{Method: "POST", Path: "/orders", Tenant: tenant, ContentType: "application/json", Body: []byte(body)}.Fingerprint(idem.CanonicalOptions{})
+	require.NoError(t, err)
+	return fp
+}
+
+func writeProblem(w http.ResponseWriter, status int, code string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"type":"about:blank","status":%d,"code":%q}`, status, code)
+}
+
+func (s *idemServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get(idemclient.DefaultHeader)
+	if key == "" {
+		writeProblem(w, http.StatusBadRequest, "idempotency_key_missing")
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	fp, err := idem.Request{Method: r.Method, Path: r.URL.Path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"), Body: body}.Fingerprint(idem.CanonicalOptions{})
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "invalid_body")
+		return
+	}
+	lease, rec, err := s.db.Claim(r.Context(), serverScope(key), fp)
+	var kerr *idem.KeyError
+	replayed := false
+	var resp idem.Response
+	switch {
+	case errors.As(err, &kerr) && errors.Is(err, idem.ErrInProgress):
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(kerr.RetryAfter.Seconds()))))
+		writeProblem(w, http.StatusConflict, idemclient.CodeInProgress)
+		return
+	case errors.Is(err, idem.ErrFingerprintMismatch):
+		writeProblem(w, http.StatusUnprocessableEntity, idemclient.CodeKeyReuse)
+		return
+	case errors.Is(err, idem.ErrOutcomePending):
+		writeProblem(w, http.StatusConflict, idemclient.CodeOutcomePending)
+		return
+	case err != nil:
+		writeProblem(w, http.StatusServiceUnavailable, "store_unavailable")
+		return
+	case rec != nil:
+		resp, replayed = rec.Response, true
+	default:
+		n := s.executions.Add(1)
+		resp = idem.Response{
+			Status: http.StatusCreated,
+			Header: http.Header{"Content-Type": {"application/json"}},
+			Body:   fmt.Appendf(nil, `{"order":%d}`, n),
+		}
+		if err := lease.Complete(context.WithoutCancel(r.Context()), resp); err != nil {
+			writeProblem(w, http.StatusServiceUnavailable, "store_unavailable")
+			return
+		}
+	}
+	if s.drops.Add(-1) >= 0 {
+		// Committed, but the client never hears about it.
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+		return
+	}
+	for k, vs := range resp.Header {
+		w.Header()[k] = vs
+	}
+	if replayed {
+		w.Header().Set(idemclient.ReplayedHeader, "true")
+	}
+	w.WriteHeader(resp.Status)
+	w.Write(resp.Body)
+}
+
+func TestEndToEndDroppedResponses(t *testing.T) {
+	s := newIdemServer(t, 2)
+	c := newFakeClock()
+	client, err := idemclient.NewClient(&idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})
+	require.NoError(t, err)
+
+	resp, err := client.Post(context.Background(), "", s.srv.URL+"/orders", "application/json", []byte(`{"sku":"tea","qty":2}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+
+	assert.Equal(t, int32(1), s.executions.Load(), "exactly one execution")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, `{"order":1}`, string(body))
+	assert.True(t, idemclient.Replayed(resp), "the client sees the replay of the first execution")
+	assert.Equal(t, 3, idemclient.Attempts(resp))
+	rec, err := s.db.Get(context.Background(), serverScope(idemclient.Key(resp)))
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateCompleted, rec.State)
+
+	// The same key with another body is a client bug: 422, not retried.
+	req := post(t, context.Background(), s.srv.URL+"/orders", `{"sku":"tea","qty":3}`)
+	req.Header.Set(idemclient.DefaultHeader, idemclient.Key(resp))
+	resp2, err := client.HTTPClient().Do(req)
+	require.NoError(t, err)
+	defer resp2.Body.Close()
+	assert.Equal(t, http.StatusUnprocessableEntity, resp2.StatusCode)
+	assert.Equal(t, idemclient.CodeKeyReuse, idemclient.ProblemCode(resp2))
+	assert.Equal(t, 1, idemclient.Attempts(resp2))
+	assert.Equal(t, int32(1), s.executions.Load())
+}
+
+// TestEndToEndInProgress: another holder has the key; the client waits out
+// the server's Retry-After with the same key and gets the holder's outcome.
+func TestEndToEndInProgress(t *testing.T) {
+	s := newIdemServer(t, 0)
+	const key, body = "held-key-1", `{"sku":"tea"}`
+	lease, _, err := s.db.Claim(context.Background(), serverScope(key), serverFingerprint(t, body))
+	require.NoError(t, err)
+	require.NotNil(t, lease)
+
+	c := newFakeClock()
+	c.onSleep = func(n int) {
+		if n == 1 { // the holder finishes while the client waits
+			assert.NoError(t, lease.Complete(context.Background(), idem.Response{Status: http.StatusCreated, Body: []byte(`{"order":"held"}`)}))
+		}
+	}
+	tr := newTransport(t, &idemclient.Options{Base: noReuse(), Backoff: zeroBackoff, Sleep: c.Sleep, Now: c.Now})
+	req := post(t, context.Background(), s.srv.URL+"/orders", body)
+	req.Header.Set(idemclient.DefaultHeader, key)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, `{"order":"held"}`, string(got))
+	assert.True(t, idemclient.Replayed(resp))
+	assert.Equal(t, 2, idemclient.Attempts(resp))
+	require.Len(t, c.Waits(), 1)
+	assert.GreaterOrEqual(t, c.Waits()[0], time.Second, "Retry-After from the 409")
+	assert.Equal(t, int32(0), s.executions.Load())
+}
+
+// TestEndToEndOutcomePending: an earlier attempt's outcome is unknown; the
+// client must not hammer the server, and the operation stays open.
+func TestEndToEndOutcomePending(t *testing.T) {
+	s := newIdemServer(t, 0)
+	const key, body = "pending-key-1", `{"sku":"tea"}`
+	lease, _, err := s.db.Claim(context.Background(), serverScope(key), serverFingerprint(t, body))
+	require.NoError(t, err)
+	require.NoError(t, lease.MarkUnknown(context.Background()))
+
+	store := &idemclient.MemoryKeyStore{}
+	_, err = store.Save(context.Background(), "order-9", key)
+	require.NoError(t, err)
+	tr := newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store})
+	resp, err := tr.RoundTrip(post(t, idemclient.WithOperation(context.Background(), "order-9"), s.srv.URL+"/orders", body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	assert.Equal(t, idemclient.CodeOutcomePending, idemclient.ProblemCode(resp))
+	assert.Equal(t, 1, idemclient.Attempts(resp))
+	_, done, err := store.Lookup(context.Background(), "order-9")
+	require.NoError(t, err)
+	assert.Equal(t, 0, done, "an unresolved outcome is not done")
+}
+
+// lookupStore is a KeyStore that can also be read back, as both of the
+// package's stores can.
+type lookupStore interface {
+	idemclient.KeyStore
+	Lookup(ctx context.Context, op string) (string, int, error)
+}
+
+// TestRestartWithPersistedKey: a client stores its key, sends, loses the
+// response and stops. A new client (a new Transport over the same store;
+// for the DB store a reopened DB) resumes the operation with the same key
+// and gets the replay: one execution in all.
+func TestRestartWithPersistedKey(t *testing.T) {
+	tests := []struct {
+		name string
+		// open returns the store as a fresh process would see it.
+		open func(t *testing.T) lookupStore
+	}{
+		{name: "memory", open: func() func(t *testing.T) lookupStore {
+			store := &idemclient.MemoryKeyStore{}
+			return func(*testing.T) lookupStore { return store }
+		}()},
+		{name: "db", open: func() func(t *testing.T) lookupStore {
+			fs := vfs.NewMem()
+			var last *idem.DB
+			return func(t *testing.T) lookupStore {
+				if last != nil {
+					require.NoError(t, last.Close()) // the "process" stops
+				}
+				db, _ := idemtest.Open(t, &idem.Options{FS: fs})
+				last = db
+				return idemclient.NewDBKeyStore(db, "client-a")
+			}
+		}()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newIdemServer(t, 1)
+			ctx := idemclient.WithOperation(context.Background(), "order-1042")
+			const body = `{"sku":"tea","qty":2}`
+
+			// First process: one attempt, committed on the server, lost.
+			store := tt.open(t)
+			tr := newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store, MaxAttempts: 1})
+			_, err := tr.RoundTrip(post(t, ctx, s.srv.URL+"/orders", body))
+			var rerr *idemclient.RetryError
+			require.ErrorAs(t, err, &rerr)
+			key, done, err := store.Lookup(context.Background(), "order-1042")
+			require.NoError(t, err)
+			assert.Equal(t, rerr.Key, key)
+			assert.Equal(t, 0, done, "a lost response is not definitive")
+			assert.Equal(t, int32(1), s.executions.Load())
+
+			// Second process: same operation name, same key, a replay.
+			store = tt.open(t)
+			tr = newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store})
+			resp, err := tr.RoundTrip(post(t, ctx, s.srv.URL+"/orders", body))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.True(t, idemclient.Replayed(resp))
+			assert.Equal(t, key, idemclient.Key(resp))
+			assert.Equal(t, int32(1), s.executions.Load(), "exactly one execution across the restart")
+			_, done, err = store.Lookup(context.Background(), "order-1042")
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, done)
+		})
+	}
+}
