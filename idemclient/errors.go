@@ -52,7 +52,10 @@ func (e *RetryError) Error() string {
 	if e.LastStatus != 0 {
 		msg += fmt.Sprintf(", last status %d", e.LastStatus)
 	}
-	return msg + ": " + e.Err.Error()
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	return msg
 }
 
 func (e *RetryError) Unwrap() error { return e.Err }

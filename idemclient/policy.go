@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"math/rand/v2"
 	"mime"
 	"net/http"
@@ -167,11 +168,12 @@ func RetryAfter(resp *http.Response, now time.Time) (d time.Duration, ok bool) {
 	if v == "" {
 		return 0, false
 	}
-	if secs, err := strconv.ParseUint(v, 10, 63); err == nil {
+	secs, err := strconv.ParseUint(v, 10, 63)
+	switch {
+	case errors.Is(err, strconv.ErrRange) || err == nil && secs > uint64(math.MaxInt64/time.Second):
 		// Saturate instead of overflowing: an absurd value is still "long".
-		if secs > uint64(1<<63-1)/uint64(time.Second) {
-			return time.Duration(1<<63 - 1), true
-		}
+		return time.Duration(math.MaxInt64), true
+	case err == nil:
 		return time.Duration(secs) * time.Second, true
 	}
 	t, err := http.ParseTime(v)

@@ -246,6 +246,14 @@ func NewTransport(opts *Options) (*Transport, error) {
 	return t, nil
 }
 
+// CloseIdleConnections closes the base transport's idle connections, if it
+// keeps any, so that http.Client.CloseIdleConnections reaches them.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.o.Base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // operationKey is the context key of WithOperation.
 type operationKey struct{}
 
@@ -394,6 +402,14 @@ func (c *call) run() (*http.Response, error) {
 		}
 		resp, err := t.o.Base.RoundTrip(a)
 		c.attempts++
+		switch {
+		case err == nil && resp == nil:
+			err = errors.New("idemclient: base transport returned neither a response nor an error")
+		case err != nil && resp != nil:
+			// Against the RoundTripper contract; the error wins.
+			t.drain(resp)
+			resp = nil
+		}
 		c.status = 0
 		if err == nil {
 			c.status = resp.StatusCode
@@ -438,7 +454,7 @@ func (c *call) run() (*http.Response, error) {
 		if ra, ok := RetryAfter(resp, now); ok {
 			if ra > t.o.MaxRetryAfter {
 				t.drain(resp)
-				return nil, c.fail(fmt.Sprintf("gave up: Retry-After %s is beyond MaxRetryAfter", ra), cause)
+				return nil, c.fail(fmt.Sprintf("gave up (the server asked for a wait of %s, beyond MaxRetryAfter)", ra), cause)
 			}
 			wait = max(wait, ra)
 		}

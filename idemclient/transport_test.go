@@ -144,7 +144,7 @@ func TestRetryAfter(t *testing.T) {
 		{name: "RFC 850 date", header: "Wednesday, 04-Mar-26 05:06:17 GMT", want: 10 * time.Second, wantOK: true},
 		{name: "asctime date", header: "Wed Mar  4 05:06:27 2026", want: 20 * time.Second, wantOK: true},
 		{name: "date in the past", header: now.Add(-time.Hour).Format(http.TimeFormat), want: 0, wantOK: true},
-		{name: "absurdly long", header: "99999999999999999999", wantOK: false},
+		{name: "absurdly long", header: "99999999999999999999", want: time.Duration(1<<63 - 1), wantOK: true},
 		{name: "longer than a Duration", header: "9999999999999", want: time.Duration(1<<63 - 1), wantOK: true},
 	}
 	for _, tt := range tests {
@@ -665,4 +665,23 @@ func TestClientHelper(t *testing.T) {
 	var rerr *idemclient.RetryError
 	require.ErrorAs(t, err, &rerr)
 	assert.Equal(t, 2, rerr.Attempts)
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestBrokenBase: a base transport that breaks the RoundTripper contract
+// gets an error, not a panic.
+func TestBrokenBase(t *testing.T) {
+	c := newFakeClock()
+	tr := newTransport(t, &idemclient.Options{
+		Base:        roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, nil }),
+		MaxAttempts: 2, Sleep: c.Sleep, Now: c.Now,
+	})
+	_, err := tr.RoundTrip(post(t, context.Background(), "http://example.invalid/", `{}`))
+	var rerr *idemclient.RetryError
+	require.ErrorAs(t, err, &rerr)
+	assert.Equal(t, 2, rerr.Attempts)
+	assert.Contains(t, err.Error(), "neither a response nor an error")
 }
