@@ -24,8 +24,9 @@
 // server to resolve an earlier attempt; other 4xx are the caller's to fix.
 // A 401 calls Options.Refresh, if set, and repeats the attempt once with
 // the same key. Waits grow exponentially with full jitter, never undercut
-// the server's Retry-After, and stop at once when the request's context
-// ends. Attempts and total time are both capped. The policy is made of
+// the server's Retry-After (a server asking for more than
+// Options.MaxRetryAfter ends the call instead), and stop at once when the
+// request's context ends. Attempts and total time are both capped. The policy is made of
 // exported function types (CheckRetry, Backoff, Definitive) with exported
 // defaults that callers may wrap.
 //

@@ -5,10 +5,10 @@ import (
 	"fmt"
 )
 
-// Errors that callers match with errors.Is. Both arrive inside a
-// *RetryError.
+// Errors that callers match with errors.Is.
 var (
-	// ErrBodyNotRewindable: the request has a body but no GetBody, so a
+	// ErrBodyNotRewindable (inside a *RetryError): the request has a body
+	// but no GetBody, so a
 	// retry could not send it again. The request is refused before its
 	// first attempt rather than left unprotected. http.NewRequest sets
 	// GetBody for *bytes.Buffer, *bytes.Reader and *strings.Reader bodies.
