@@ -8,10 +8,10 @@ import (
 // Errors that callers match with errors.Is.
 var (
 	// ErrBodyNotRewindable (inside a *RetryError): the request has a body
-	// but no GetBody, so a
-	// retry could not send it again. The request is refused before its
-	// first attempt rather than left unprotected. http.NewRequest sets
-	// GetBody for *bytes.Buffer, *bytes.Reader and *strings.Reader bodies.
+	// but no GetBody, so a retry could not send it again. The request is
+	// refused before its first attempt rather than left unprotected.
+	// http.NewRequest sets GetBody for *bytes.Buffer, *bytes.Reader and
+	// *strings.Reader bodies.
 	ErrBodyNotRewindable = errors.New("idemclient: request body cannot be replayed (Request.GetBody is nil)")
 	// ErrInvalidOptions: Options failed validation in NewTransport.
 	ErrInvalidOptions = errors.New("idemclient: invalid options")
