@@ -1,0 +1,377 @@
+// Package idemhttp puts idem's idempotency contract in front of any
+// net/http handler: a POST with an Idempotency-Key runs once, its response
+// is stored durably, and every retry gets that response again, marked
+// Idempotent-Replayed: true. Retries that arrive while the first request
+// runs get 409 request_in_progress with Retry-After; the same key with a
+// different request gets 422 idempotency_key_reuse; a missing or malformed
+// key gets 400. Every refusal is an RFC 9457 problem document with a
+// stable code.
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idemkv/idem"
+)
+
+const (
+	headerKey         = "Idempotency-Key"
+	headerReplayed    = "Idempotent-Replayed"
+	headerBodyOmitted = "Idempotent-Body-Omitted"
+)
+
+// DefaultKeyAlphabet is the characters a key may use unless
+// Options.KeyAlphabet says otherwise: those of UUIDs, ULIDs and base64url
+// tokens.
+const DefaultKeyAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+
+// Options configure the middleware. Store and Tenant are required; every
+// other zero value selects the default given in its comment.
+type Options struct {
+	// Store keeps the records. Required.
+	Store *idem.DB
+
+	// Tenant returns the authenticated caller a request belongs to: keys
+	// are scoped by it, so one tenant can never see another's responses.
+	// An error answers 401 tenant_missing. Authenticate before this
+	// middleware runs; the key is never a credential. Required.
+	Tenant func(*http.Request) (string, error)
+
+	// Endpoint names the operation a request performs. Default: the
+	// ServeMux pattern that matched (Go 1.22+, when the middleware wraps
+	// the route's handler), prefixed with the method when the pattern has
+	// none, else the method and the URL path.
+	Endpoint func(*http.Request) string
+
+	// Methods are the request methods that must carry a key. Requests with
+	// other methods pass straight through. Default: POST.
+	Methods []string
+
+	// Header is the field that carries the key. Default: Idempotency-Key.
+	Header string
+	// Aliases are further accepted names, e.g. X-Idempotency-Key during a
+	// migration. A request may use only one of them, once.
+	Aliases []string
+	// KeyAlphabet is the set of characters a key may contain.
+	// Default: DefaultKeyAlphabet.
+	KeyAlphabet string
+	// MaxKeyLength bounds a key's length, at most idem.MaxKeyBytes.
+	// Default: 255.
+	MaxKeyLength int
+
+	// Canonical says how request bodies are canonicalized before they are
+	// fingerprinted: the number profile and the volatile JSON members
+	// (client timestamps, trace IDs) to leave out. Default: the exact
+	// profile, nothing volatile.
+	Canonical idem.CanonicalOptions
+
+	// MaxRequestBytes bounds the request body; a longer one gets 413
+	// payload_too_large. Default: 1 MiB.
+	MaxRequestBytes int64
+
+	// TTL overrides the store's TTL for some endpoints (as Endpoint names
+	// them). Default: the store's own rules.
+	TTL map[string]time.Duration
+
+	// Wait is how long a retry that finds its key in progress waits for
+	// the first request to finish before it gets 409. The first request's
+	// end wakes it. Default: 0, answer 409 at once.
+	Wait time.Duration
+
+	// MismatchStatus is the status for a key reused with another request.
+	// Default: 422.
+	MismatchStatus int
+
+	// Logger receives failures to store outcomes. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// middleware is the validated configuration behind the handler.
+type middleware struct {
+	opts     Options
+	headers  []string
+	methods  map[string]bool
+	alphabet [256]bool
+}
+
+// New validates o and returns the middleware. Wrap each route's handler
+// (mux.Handle("POST /v1/payments", mw(h))) so that the route pattern names
+// the endpoint, or the whole mux with Options.Endpoint set.
+func New(o Options) (func(http.Handler) http.Handler, error) {
+	m, err := newMiddleware(o)
+	if err != nil {
+		return nil, err
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
+	}, nil
+}
+
+func newMiddleware(o Options) (*middleware, error) {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("idemhttp: "+format, args...)) }
+	if o.Store == nil {
+		bad("Options.Store is required")
+	}
+	if o.Tenant == nil {
+		bad("Options.Tenant is required: keys must be scoped by the authenticated caller")
+	}
+	if o.Endpoint == nil {
+		o.Endpoint = defaultEndpoint
+	}
+	if len(o.Methods) == 0 {
+		o.Methods = []string{http.MethodPost}
+	}
+	if o.Header == "" {
+		o.Header = headerKey
+	}
+	if o.KeyAlphabet == "" {
+		o.KeyAlphabet = DefaultKeyAlphabet
+	}
+	if o.MaxKeyLength == 0 {
+		o.MaxKeyLength = 255
+	}
+	if o.MaxRequestBytes == 0 {
+		o.MaxRequestBytes = 1 << 20
+	}
+	if o.MismatchStatus == 0 {
+		o.MismatchStatus = http.StatusUnprocessableEntity
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	m := &middleware{opts: o, headers: canonicalNames(append([]string{o.Header}, o.Aliases...)), methods: map[string]bool{}}
+	for _, meth := range o.Methods {
+		if meth != strings.ToUpper(meth) || meth == "" {
+			bad("Options.Methods: %q is not an upper-case method", meth)
+		}
+		m.methods[meth] = true
+	}
+	for i := 0; i < len(o.KeyAlphabet); i++ {
+		c := o.KeyAlphabet[i]
+		if c <= ' ' || c >= 0x7f || c == '"' || c == '\\' || c == ',' {
+			bad("Options.KeyAlphabet: %q cannot appear in a header value unquoted", c)
+		}
+		m.alphabet[c] = true
+	}
+	if o.MaxKeyLength < 1 || o.MaxKeyLength > idem.MaxKeyBytes {
+		bad("Options.MaxKeyLength %d must be between 1 and %d", o.MaxKeyLength, idem.MaxKeyBytes)
+	}
+	if o.MaxRequestBytes < 0 {
+		bad("Options.MaxRequestBytes %d must not be negative", o.MaxRequestBytes)
+	}
+	if o.Wait < 0 {
+		bad("Options.Wait %s must not be negative", o.Wait)
+	}
+	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
+		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
+	}
+	if _, err := idem.CanonicalizeWith([]byte("{}"), o.Canonical); err != nil {
+		errs = append(errs, fmt.Errorf("idemhttp: Options.Canonical: %w", err))
+	}
+	if o.Store != nil {
+		so := o.Store.Options()
+		for ep, ttl := range o.TTL {
+			if ttl <= 0 || ttl < 10*so.Lease {
+				bad("Options.TTL[%q] %s must be at least ten store leases (%s)", ep, ttl, 10*so.Lease)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return m, nil
+}
+
+func defaultEndpoint(r *http.Request) string {
+	p := r.Pattern
+	if p == "" {
+		return r.Method + " " + r.URL.Path
+	}
+	if strings.HasPrefix(p, "/") || !strings.Contains(p, " ") {
+		return r.Method + " " + p
+	}
+	return p
+}
+
+type ctxKey struct{}
+
+// outcome is how the handler told the middleware to treat its response.
+type outcome struct{ release, unknown bool }
+
+// Release tells the middleware that the handler's request committed
+// nothing (it failed validation, say), so the key is freed and a retry
+// runs the handler again; the response still goes to the client but is
+// not stored. Calls outside the middleware do nothing.
+func Release(r *http.Request) {
+	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
+		o.release = true
+	}
+}
+
+// Unknown tells the middleware that the operation may or may not have
+// taken effect (a downstream call timed out after the request left), so
+// the record becomes unknown: retries get 409 outcome_pending until a
+// reconciler or an operator resolves it. It wins over Release.
+func Unknown(r *http.Request) {
+	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
+		o.unknown = true
+	}
+}
+
+func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if !m.methods[r.Method] {
+		next.ServeHTTP(w, r)
+		return
+	}
+	key, err := m.readKey(r)
+	if err != nil {
+		code := CodeKeyInvalid
+		if errors.Is(err, errKeyMissing) {
+			code = CodeKeyMissing
+		}
+		writeProblem(w, Problem{Status: http.StatusBadRequest, Code: code, Detail: err.Error()}, 0)
+		return
+	}
+	w.Header().Set(headerKey, key)
+	tenant, err := m.opts.Tenant(r)
+	if err != nil {
+		writeProblem(w, Problem{Status: http.StatusUnauthorized, Code: CodeTenantMissing, Detail: err.Error()}, 0)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
+	if err != nil {
+		writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeBodyInvalid, Detail: "reading the request body: " + err.Error()}, 0)
+		return
+	}
+	if int64(len(body)) > m.opts.MaxRequestBytes {
+		writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: CodePayloadTooLarge,
+			Detail: fmt.Sprintf("the request body is larger than %d bytes", m.opts.MaxRequestBytes)}, 0)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	path := r.URL.EscapedPath()
+	if r.URL.RawQuery != "" {
+		path += "?" + r.URL.RawQuery
+	}
+	co := m.opts.Canonical
+	co.MaxBytes = int(max(m.opts.MaxRequestBytes, 1))
+	fp, err := idem.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"), Body: body}.Fingerprint(co)
+	if err != nil {
+		p := Problem{Status: http.StatusBadRequest, Code: CodeBodyInvalid, Detail: err.Error()}
+		var be *idem.BodyError
+		if errors.As(err, &be) {
+			p.BodyError, p.BodyOffset = be.Code, &be.Offset
+		}
+		writeProblem(w, p, 0)
+		return
+	}
+	endpoint := m.opts.Endpoint(r)
+	scope := idem.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
+	var claimOpts []idem.ClaimOption
+	if ttl, ok := m.opts.TTL[endpoint]; ok {
+		claimOpts = append(claimOpts, idem.WithTTL(ttl))
+	}
+
+	lease, replay, err := m.opts.Store.Claim(r.Context(), scope, fp, claimOpts...)
+	if errors.Is(err, idem.ErrInProgress) && m.opts.Wait > 0 {
+		wctx, cancel := context.WithTimeout(r.Context(), m.opts.Wait)
+		werr := m.opts.Store.Wait(wctx, scope)
+		cancel()
+		if werr == nil {
+			lease, replay, err = m.opts.Store.Claim(r.Context(), scope, fp, claimOpts...)
+		}
+	}
+	switch {
+	case err != nil:
+		m.refuse(w, err)
+	case replay != nil:
+		m.replay(w, replay)
+	default:
+		m.execute(w, r, next, lease)
+	}
+}
+
+// refuse answers a claim that did not get the key.
+func (m *middleware) refuse(w http.ResponseWriter, err error) {
+	var ke *idem.KeyError
+	switch {
+	case errors.Is(err, idem.ErrFingerprintMismatch):
+		writeProblem(w, Problem{Status: m.opts.MismatchStatus, Code: CodeKeyReuse,
+			Detail: "this idempotency key was used for a different request; use a new key for a new operation"}, 0)
+	case errors.Is(err, idem.ErrInProgress) && errors.As(err, &ke):
+		writeProblem(w, Problem{Status: http.StatusConflict, Code: CodeInProgress,
+			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
+	case errors.Is(err, idem.ErrOutcomePending):
+		writeProblem(w, Problem{Status: http.StatusConflict, Code: CodeOutcomePending,
+			Detail: "an earlier attempt with this idempotency key has an outcome that is not known yet; it is being reconciled"}, 0)
+	case errors.Is(err, idem.ErrInvalidScope):
+		writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeKeyInvalid, Detail: err.Error()}, 0)
+	default:
+		m.opts.Logger.Error("idemhttp: claim failed", "err", err)
+		writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
+			Detail: "the idempotency store is unavailable; retry with the same key"}, time.Second)
+	}
+}
+
+// replay answers with the stored response, verbatim.
+func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) {
+	h := w.Header()
+	for k, vs := range rec.Response.Header {
+		if !hopByHop[k] {
+			h[k] = slices.Clone(vs)
+		}
+	}
+	h.Set(headerReplayed, "true")
+	if rec.BodyOmitted {
+		h.Set(headerBodyOmitted, "true")
+	}
+	w.WriteHeader(rec.Response.Status)
+	w.Write(rec.Response.Body)
+}
+
+// execute runs the handler under the lease and stores its outcome.
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, lease *idem.Lease) {
+	out := &outcome{}
+	// A client that disconnects must not cancel the operation: its retry
+	// should find the finished result, not a half-done one.
+	ctx := context.WithValue(context.WithoutCancel(r.Context()), ctxKey{}, out)
+	rec := &recorder{w: w}
+	storeCtx := context.WithoutCancel(r.Context())
+	defer func() {
+		if p := recover(); p != nil {
+			// The handler may have done anything before it panicked.
+			m.end(lease, lease.MarkUnknown(storeCtx))
+			panic(p)
+		}
+		switch {
+		case out.unknown:
+			m.end(lease, lease.MarkUnknown(storeCtx))
+		case out.release:
+			m.end(lease, lease.Release(storeCtx))
+		default:
+			status, header, body := rec.response()
+			m.end(lease, lease.Complete(storeCtx, idem.Response{Status: status, Header: header, Body: body}))
+		}
+	}()
+	next.ServeHTTP(rec, r.WithContext(ctx))
+}
+
+// end logs an outcome that could not be stored. The record stays in
+// progress and is found by reconciliation: never re-run blindly.
+func (m *middleware) end(lease *idem.Lease, err error) {
+	if err != nil {
+		s := lease.Scope()
+		m.opts.Logger.Error("idemhttp: storing the outcome failed; the record stays in progress until reconciled",
+			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", idem.KeyHash(s.Key), "err", err)
+	}
+}

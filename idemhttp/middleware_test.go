@@ -1,0 +1,502 @@
+package idemhttp_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/idemhttp"
+	"github.com/idemkv/idem/internal/idemtest"
+)
+
+// bearer is the test's authentication: the tenant is the bearer token.
+func bearer(r *http.Request) (string, error) {
+	t, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || t == "" {
+		return "", errors.New("no bearer token")
+	}
+	return t, nil
+}
+
+// app is a payments endpoint that counts its executions.
+type app struct {
+	runs    atomic.Int64
+	handler http.HandlerFunc // optional override
+}
+
+func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := a.runs.Add(1)
+	if a.handler != nil {
+		a.handler(w, r)
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Run", fmt.Sprint(n))
+	w.Header().Add("Set-Cookie", "a=1")
+	w.Header().Add("Set-Cookie", "b=2")
+	w.Header().Set("Connection", "close-me-not") // hop-by-hop: never stored
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":"pay_%d","request":%s}`, n, body)
+}
+
+type env struct {
+	t   *testing.T
+	db  *idem.DB
+	app *app
+	srv *httptest.Server
+}
+
+func setup(t *testing.T, o idemhttp.Options) *env {
+	t.Helper()
+	db, _ := idemtest.Open(t, nil)
+	if o.Store == nil {
+		o.Store = db
+	}
+	if o.Tenant == nil {
+		o.Tenant = bearer
+	}
+	if o.Logger == nil {
+		o.Logger = discardLogger()
+	}
+	mw, err := idemhttp.New(o)
+	require.NoError(t, err)
+	a := &app{}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/payments", mw(a))
+	mux.Handle("POST /v1/refunds", mw(a))
+	mux.Handle("GET /v1/payments/{id}", mw(a))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return &env{t: t, db: db, app: a, srv: srv}
+}
+
+// call sends a request with the given key header values (none: no
+// header) and returns the response with its body read.
+func (e *env) call(method, path, tenant, body string, keys ...string) (*http.Response, string) {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))
+	require.NoError(e.t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if tenant != "" {
+		req.Header.Set("Authorization", "Bearer "+tenant)
+	}
+	for _, k := range keys {
+		req.Header.Add("Idempotency-Key", k)
+	}
+	resp, err := e.srv.Client().Do(req)
+	require.NoError(e.t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(e.t, err)
+	return resp, string(b)
+}
+
+func problem(t *testing.T, resp *http.Response, body string) idemhttp.Problem {
+	t.Helper()
+	assert.Equal(t, idemhttp.ProblemType, resp.Header.Get("Content-Type"))
+	var p idemhttp.Problem
+	require.NoError(t, json.Unmarshal([]byte(body), &p), body)
+	assert.Equal(t, resp.StatusCode, p.Status)
+	return p
+}
+
+const pay = `{"amount":4200,"currency":"usd","customer":"cus_1"}`
+
+func TestFirstCallThenReplay(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	first, body1 := e.call("POST", "/v1/payments", "acme", pay, "key-1")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	assert.Empty(t, first.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "key-1", first.Header.Get("Idempotency-Key"))
+
+	again, body2 := e.call("POST", "/v1/payments", "acme", pay, "key-1")
+	assert.Equal(t, http.StatusCreated, again.StatusCode)
+	assert.Equal(t, body1, body2, "the body is replayed byte for byte")
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "key-1", again.Header.Get("Idempotency-Key"))
+	for _, h := range []string{"Content-Type", "X-Run"} {
+		assert.Equal(t, first.Header.Get(h), again.Header.Get(h), h)
+	}
+	assert.Equal(t, first.Header.Values("Set-Cookie"), again.Header.Values("Set-Cookie"))
+	assert.Empty(t, again.Header.Get("Connection"), "hop-by-hop headers are not replayed")
+	assert.Equal(t, int64(1), e.app.runs.Load())
+
+	rec, err := e.db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "key-1"})
+	require.NoError(t, err)
+	assert.NotContains(t, rec.Response.Header, "Connection")
+	assert.NotContains(t, rec.Response.Header, "Idempotency-Key")
+}
+
+func TestEquivalentBodiesReplay(t *testing.T) {
+	e := setup(t, idemhttp.Options{Canonical: idem.CanonicalOptions{Volatile: []string{"/client_ts"}}})
+	_, body1 := e.call("POST", "/v1/payments", "acme", `{"amount":4200,"currency":"usd","client_ts":1}`, "k")
+	for _, same := range []string{
+		`{"currency":"usd","amount":4200,"client_ts":2}`,
+		`{ "amount" : 4.2e3, "currency" : "usd" }`,
+		`{"amount":4200.000,"currency":"u\u0073d"}`,
+	} {
+		resp, body := e.call("POST", "/v1/payments", "acme", same, "k")
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), same)
+		assert.Equal(t, body1, body, same)
+	}
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}
+
+func TestChangedPayloadIsRefused(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.call("POST", "/v1/payments", "acme", pay, "k")
+	resp, body := e.call("POST", "/v1/payments", "acme", `{"amount":4201,"currency":"usd","customer":"cus_1"}`, "k")
+	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+	assert.Equal(t, idemhttp.CodeKeyReuse, problem(t, resp, body).Code)
+	assert.Equal(t, "k", resp.Header.Get("Idempotency-Key"))
+	assert.Equal(t, int64(1), e.app.runs.Load())
+
+	// The same key on another route is another scope, and the original is
+	// untouched.
+	resp, _ = e.call("POST", "/v1/refunds", "acme", `{"amount":4201}`, "k")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	resp, _ = e.call("POST", "/v1/payments", "acme", pay, "k")
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+}
+
+func TestMismatchStatusIsConfigurable(t *testing.T) {
+	e := setup(t, idemhttp.Options{MismatchStatus: http.StatusConflict})
+	e.call("POST", "/v1/payments", "acme", pay, "k")
+	resp, body := e.call("POST", "/v1/payments", "acme", `{}`, "k")
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	assert.Equal(t, idemhttp.CodeKeyReuse, problem(t, resp, body).Code)
+}
+
+func TestBadKeysAreRefusedAndStoreNothing(t *testing.T) {
+	e := setup(t, idemhttp.Options{Aliases: []string{"X-Idempotency-Key"}})
+	tests := []struct {
+		name string
+		keys []string
+		code string
+	}{
+		{"missing", nil, idemhttp.CodeKeyMissing},
+		{"empty", []string{""}, idemhttp.CodeKeyInvalid},
+		{"blank", []string{"   "}, idemhttp.CodeKeyInvalid},
+		{"256 characters", []string{strings.Repeat("a", 256)}, idemhttp.CodeKeyInvalid},
+		{"bad alphabet", []string{"key with spaces"}, idemhttp.CodeKeyInvalid},
+		{"dot", []string{"a.b"}, idemhttp.CodeKeyInvalid},
+		{"non-ASCII", []string{"clé"}, idemhttp.CodeKeyInvalid},
+		{"two field lines", []string{"a", "b"}, idemhttp.CodeKeyInvalid},
+		{"a list", []string{"a, b"}, idemhttp.CodeKeyInvalid},
+		{"broken sf-string", []string{`"abc`}, idemhttp.CodeKeyInvalid},
+		{"sf-string with a bad escape", []string{`"a\b"`}, idemhttp.CodeKeyInvalid},
+		{"empty sf-string", []string{`""`}, idemhttp.CodeKeyInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, body := e.call("POST", "/v1/payments", "acme", pay, tt.keys...)
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+			assert.Equal(t, tt.code, problem(t, resp, body).Code)
+		})
+	}
+	t.Run("standard name and alias together", func(t *testing.T) {
+		req, _ := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(pay))
+		req.Header.Set("Authorization", "Bearer acme")
+		req.Header.Set("Idempotency-Key", "a")
+		req.Header.Set("X-Idempotency-Key", "a")
+		resp, err := e.srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	})
+	assert.Zero(t, e.app.runs.Load())
+	m, err := e.db.Metrics()
+	require.NoError(t, err)
+	assert.Zero(t, m.Claims, "nothing was claimed")
+
+	// The limits are inclusive, and both forms of the header work.
+	for _, k := range []string{strings.Repeat("a", 255), `"quoted-key_1"`, "A-z_0"} {
+		resp, _ := e.call("POST", "/v1/payments", "acme", pay, k)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode, k)
+	}
+	resp, _ := e.call("POST", "/v1/payments", "acme", pay, "quoted-key_1")
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "an sf-string names the same key as the bare token")
+}
+
+func TestAliasHeader(t *testing.T) {
+	e := setup(t, idemhttp.Options{Aliases: []string{"X-Idempotency-Key"}})
+	for range 2 {
+		req, _ := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(pay))
+		req.Header.Set("Authorization", "Bearer acme")
+		req.Header.Set("X-Idempotency-Key", "via-alias")
+		resp, err := e.srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	}
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}
+
+func TestOtherRefusals(t *testing.T) {
+	e := setup(t, idemhttp.Options{MaxRequestBytes: 64})
+	resp, body := e.call("POST", "/v1/payments", "", pay, "k")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	assert.Equal(t, idemhttp.CodeTenantMissing, problem(t, resp, body).Code)
+
+	resp, body = e.call("POST", "/v1/payments", "acme", `{"amount":`+strings.Repeat("1", 100)+`}`, "k")
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	assert.Equal(t, idemhttp.CodePayloadTooLarge, problem(t, resp, body).Code)
+
+	resp, body = e.call("POST", "/v1/payments", "acme", `{"a":1,"a":2}`, "k")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	p := problem(t, resp, body)
+	assert.Equal(t, idemhttp.CodeBodyInvalid, p.Code)
+	assert.Equal(t, "duplicate_member", p.BodyError)
+	require.NotNil(t, p.BodyOffset)
+
+	assert.Zero(t, e.app.runs.Load())
+	m, err := e.db.Metrics()
+	require.NoError(t, err)
+	assert.Zero(t, m.Claims)
+}
+
+func TestGetPassesThrough(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	for range 2 {
+		resp, _ := e.call("GET", "/v1/payments/pay_1", "acme", "")
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Empty(t, resp.Header.Get("Idempotent-Replayed"))
+	}
+	assert.Equal(t, int64(2), e.app.runs.Load(), "reads run every time")
+}
+
+func TestTenantsStayApart(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	_, a := e.call("POST", "/v1/payments", "tenant-a", pay, "same-key")
+	resp, b := e.call("POST", "/v1/payments", "tenant-b", `{"amount":1}`, "same-key")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Empty(t, resp.Header.Get("Idempotent-Replayed"), "tenant b never sees tenant a's record")
+	assert.NotEqual(t, a, b)
+	assert.Equal(t, int64(2), e.app.runs.Load())
+}
+
+func TestConcurrentDuplicatesRunOnce(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	release := make(chan struct{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"pay_once"}`)
+	}
+	const n = 50
+	var wg sync.WaitGroup
+	statuses := make(chan int, n)
+	retryAfter := make(chan string, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, _ := e.call("POST", "/v1/payments", "acme", pay, "dup")
+			statuses <- resp.StatusCode
+			if resp.StatusCode == http.StatusConflict {
+				retryAfter <- resp.Header.Get("Retry-After")
+			}
+		}()
+	}
+	// The 49 losers are answered while the winner is still held.
+	for range n - 1 {
+		assert.Equal(t, http.StatusConflict, <-statuses)
+		assert.Equal(t, "1", <-retryAfter)
+	}
+	close(release)
+	wg.Wait()
+	assert.Equal(t, http.StatusCreated, <-statuses)
+	assert.Equal(t, int64(1), e.app.runs.Load())
+	resp, body := e.call("POST", "/v1/payments", "acme", pay, "dup")
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, `{"id":"pay_once"}`, body)
+}
+
+func TestWaitForInFlightDuplicate(t *testing.T) {
+	e := setup(t, idemhttp.Options{Wait: time.Minute})
+	started, release := make(chan struct{}), make(chan struct{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		io.WriteString(w, "done")
+	}
+	first := make(chan string)
+	go func() { _, b := e.call("POST", "/v1/payments", "acme", pay, "w"); first <- b }()
+	<-started
+	second := make(chan *http.Response)
+	go func() { r, _ := e.call("POST", "/v1/payments", "acme", pay, "w"); second <- r }()
+	// The second request is parked in the store's Wait, woken by the end of
+	// the first; the minute-long bound is never reached.
+	close(release)
+	assert.Equal(t, "done", <-first)
+	resp := <-second
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}
+
+func TestHandlerDeclaresOutcome(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	var mode atomic.Value
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		switch mode.Load() {
+		case "release":
+			idemhttp.Release(r)
+			w.WriteHeader(http.StatusBadRequest)
+		case "unknown":
+			idemhttp.Unknown(r)
+			w.WriteHeader(http.StatusGatewayTimeout)
+		default:
+			w.WriteHeader(http.StatusCreated)
+		}
+	}
+	mode.Store("release")
+	resp, _ := e.call("POST", "/v1/payments", "acme", pay, "r")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	mode.Store("ok")
+	resp, _ = e.call("POST", "/v1/payments", "acme", pay, "r")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode, "a released key runs again")
+	assert.Empty(t, resp.Header.Get("Idempotent-Replayed"))
+
+	mode.Store("unknown")
+	e.call("POST", "/v1/payments", "acme", pay, "u")
+	mode.Store("ok")
+	resp, body := e.call("POST", "/v1/payments", "acme", pay, "u")
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	assert.Equal(t, idemhttp.CodeOutcomePending, problem(t, resp, body).Code)
+	assert.Equal(t, int64(3), e.app.runs.Load(), "an unknown outcome is never re-run")
+}
+
+func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { panic("boom") }))
+	req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(pay))
+	req.Header.Set("Authorization", "Bearer acme")
+	req.Header.Set("Idempotency-Key", "p")
+	assert.PanicsWithValue(t, "boom", func() { h.ServeHTTP(httptest.NewRecorder(), req) })
+	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "p"})
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateUnknown, rec.State)
+}
+
+func TestClientDisconnectDoesNotCancelTheHandler(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
+	require.NoError(t, err)
+	outer := make(chan context.Context, 1)
+	gone := make(chan struct{})
+	handlerErr := make(chan error, 1)
+	inner := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-gone // the server has seen the client leave
+		handlerErr <- r.Context().Err()
+		io.WriteString(w, "charged")
+	}))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		outer <- r.Context()
+		inner.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/payments", strings.NewReader(pay))
+	req.Header.Set("Authorization", "Bearer acme")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "gone")
+	go func() {
+		connCtx := <-outer
+		cancel()
+		<-connCtx.Done()
+		close(gone)
+	}()
+	_, err = srv.Client().Do(req)
+	require.Error(t, err)
+	require.NoError(t, <-handlerErr, "the handler's context must outlive the client")
+
+	scope := idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "gone"}
+	require.NoError(t, db.Wait(context.Background(), scope))
+	rec, err := db.Get(context.Background(), scope)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateCompleted, rec.State)
+	assert.Equal(t, "charged", string(rec.Response.Body), "the retry will find the whole result")
+}
+
+func TestStreamedResponseIsFlushedAndStored(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	next := make(chan struct{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "part one\n")
+		require.NoError(t, http.NewResponseController(w).Flush())
+		<-next
+		io.WriteString(w, "part two\n")
+	}
+	req, _ := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(pay))
+	req.Header.Set("Authorization", "Bearer acme")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "s")
+	resp, err := e.srv.Client().Do(req)
+	require.NoError(t, err)
+	rd := bufio.NewReader(resp.Body)
+	line, err := rd.ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "part one\n", line, "the first part arrives before the handler finishes")
+	close(next)
+	rest, err := io.ReadAll(rd)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "part two\n", string(rest))
+	require.NoError(t, e.db.Wait(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "s"}))
+	_, body := e.call("POST", "/v1/payments", "acme", pay, "s")
+	assert.Equal(t, "part one\npart two\n", body)
+}
+
+func TestStoreFailureIs503(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	require.NoError(t, e.db.Close())
+	resp, body := e.call("POST", "/v1/payments", "acme", pay, "k")
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, idemhttp.CodeStoreUnavailable, problem(t, resp, body).Code)
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+	assert.Zero(t, e.app.runs.Load())
+}
+
+func TestRouteTTL(t *testing.T) {
+	e := setup(t, idemhttp.Options{TTL: map[string]time.Duration{"POST /v1/refunds": time.Hour}})
+	e.call("POST", "/v1/refunds", "acme", pay, "k")
+	rec, err := e.db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/refunds", Key: "k"})
+	require.NoError(t, err)
+	assert.Equal(t, time.Hour, rec.ExpiresAt.Sub(rec.CreatedAt))
+}
+
+func TestOptionsValidation(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	_, err := idemhttp.New(idemhttp.Options{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Store is required")
+	assert.Contains(t, err.Error(), "Tenant is required")
+	_, err = idemhttp.New(idemhttp.Options{
+		Store: db, Tenant: bearer, Methods: []string{"post"}, KeyAlphabet: "ab c", MaxKeyLength: 300,
+		Wait: -1, MismatchStatus: 500, TTL: map[string]time.Duration{"POST /x": time.Second},
+		Canonical: idem.CanonicalOptions{Volatile: []string{"no-slash"}},
+	})
+	require.Error(t, err)
+	for _, want := range []string{"Methods", "KeyAlphabet", "MaxKeyLength", "Wait", "MismatchStatus", `TTL["POST /x"]`, "Canonical"} {
+		assert.Contains(t, err.Error(), want)
+	}
+}

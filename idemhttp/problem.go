@@ -1,0 +1,54 @@
+package idemhttp
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// The stable codes of idemhttp's problem responses. Clients may rely on
+// them; the human-readable detail may change.
+const (
+	CodeKeyMissing       = "idempotency_key_missing" // 400
+	CodeKeyInvalid       = "idempotency_key_invalid" // 400
+	CodeBodyInvalid      = "request_body_invalid"    // 400, with body_error naming the defect
+	CodeTenantMissing    = "tenant_missing"          // 401
+	CodeInProgress       = "request_in_progress"     // 409, with Retry-After
+	CodeKeyReuse         = "idempotency_key_reuse"   // 422 (Options.MismatchStatus)
+	CodeOutcomePending   = "outcome_pending"         // 409
+	CodePayloadTooLarge  = "payload_too_large"       // 413
+	CodeStoreUnavailable = "store_unavailable"       // 503
+)
+
+// ProblemType is the media type of every error idemhttp answers itself.
+const ProblemType = "application/problem+json"
+
+// Problem is an RFC 9457 problem document with idemhttp's code member.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Code   string `json:"code"`
+	// BodyError is the canonicalizer's code for a refused body (syntax,
+	// duplicate_member, ...), and BodyOffset the byte where it stopped.
+	BodyError  string `json:"body_error,omitempty"`
+	BodyOffset *int   `json:"body_offset,omitempty"`
+}
+
+// writeProblem answers with p; retry, when positive, becomes Retry-After in
+// whole seconds, rounded up so that a client never comes back too early.
+func writeProblem(w http.ResponseWriter, p Problem, retry time.Duration) {
+	p.Type = "about:blank"
+	p.Title = http.StatusText(p.Status)
+	h := w.Header()
+	h.Set("Content-Type", ProblemType)
+	h.Set("Cache-Control", "no-store")
+	if retry > 0 {
+		h.Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
+	}
+	body, _ := json.Marshal(p)
+	w.WriteHeader(p.Status)
+	w.Write(append(body, '\n'))
+}
