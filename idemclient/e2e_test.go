@@ -2,13 +2,11 @@ package idemclient_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"math"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,13 +17,13 @@ import (
 
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemclient"
+	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/idemtest"
 )
 
-// idemServer is a small stand-in for idemhttp built on the core DB: claim,
-// run, complete; replay with Idempotent-Replayed; 409 request_in_progress
-// with Retry-After; 422 on a fingerprint mismatch; 409 outcome_pending.
-// It can drop its next responses after committing, the failure idempotency
+// idemServer is the real server half of the contract: an idemhttp
+// middleware over a handler that counts its executions. It can drop its
+// next responses after the outcome is committed, the failure idempotency
 // keys exist for.
 type idemServer struct {
 	db         *idem.DB
@@ -41,7 +39,29 @@ func newIdemServer(t *testing.T, drops int32) *idemServer {
 	db, _ := idemtest.Open(t, nil)
 	s := &idemServer{db: db}
 	s.drops.Store(drops)
-	s.srv = httptest.NewServer(s)
+	mw, err := idemhttp.New(idemhttp.Options{
+		Store:  db,
+		Tenant: func(*http.Request) (string, error) { return tenant, nil },
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	require.NoError(t, err)
+	app := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := s.executions.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, n)
+	}))
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.drops.Add(-1) < 0 {
+			app.ServeHTTP(w, r)
+			return
+		}
+		// Committed, but the client never hears about it.
+		app.ServeHTTP(httptest.NewRecorder(), r)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	}))
 	t.Cleanup(s.srv.Close)
 	return s
 }
@@ -55,73 +75,6 @@ func serverFingerprint(t *testing.T, body string) idem.Fingerprint {
 	fp, err := idem.Request{Method: "POST", Path: "/orders", Tenant: tenant, ContentType: "application/json", Body: []byte(body)}.Fingerprint(idem.CanonicalOptions{})
 	require.NoError(t, err)
 	return fp
-}
-
-func writeProblem(w http.ResponseWriter, status int, code string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"type":"about:blank","status":%d,"code":%q}`, status, code)
-}
-
-func (s *idemServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get(idemclient.DefaultHeader)
-	if key == "" {
-		writeProblem(w, http.StatusBadRequest, "idempotency_key_missing")
-		return
-	}
-	body, _ := io.ReadAll(r.Body)
-	fp, err := idem.Request{Method: r.Method, Path: r.URL.Path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"), Body: body}.Fingerprint(idem.CanonicalOptions{})
-	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "invalid_body")
-		return
-	}
-	lease, rec, err := s.db.Claim(r.Context(), serverScope(key), fp)
-	var kerr *idem.KeyError
-	replayed := false
-	var resp idem.Response
-	switch {
-	case errors.As(err, &kerr) && errors.Is(err, idem.ErrInProgress):
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(kerr.RetryAfter.Seconds()))))
-		writeProblem(w, http.StatusConflict, idemclient.CodeInProgress)
-		return
-	case errors.Is(err, idem.ErrFingerprintMismatch):
-		writeProblem(w, http.StatusUnprocessableEntity, idemclient.CodeKeyReuse)
-		return
-	case errors.Is(err, idem.ErrOutcomePending):
-		writeProblem(w, http.StatusConflict, idemclient.CodeOutcomePending)
-		return
-	case err != nil:
-		writeProblem(w, http.StatusServiceUnavailable, "store_unavailable")
-		return
-	case rec != nil:
-		resp, replayed = rec.Response, true
-	default:
-		n := s.executions.Add(1)
-		resp = idem.Response{
-			Status: http.StatusCreated,
-			Header: http.Header{"Content-Type": {"application/json"}},
-			Body:   fmt.Appendf(nil, `{"order":%d}`, n),
-		}
-		if err := lease.Complete(context.WithoutCancel(r.Context()), resp); err != nil {
-			writeProblem(w, http.StatusServiceUnavailable, "store_unavailable")
-			return
-		}
-	}
-	if s.drops.Add(-1) >= 0 {
-		// Committed, but the client never hears about it.
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			conn.Close()
-		}
-		return
-	}
-	for k, vs := range resp.Header {
-		w.Header()[k] = vs
-	}
-	if replayed {
-		w.Header().Set(idemclient.ReplayedHeader, "true")
-	}
-	w.WriteHeader(resp.Status)
-	w.Write(resp.Body)
 }
 
 func TestEndToEndDroppedResponses(t *testing.T) {
