@@ -23,6 +23,8 @@ type command struct {
 var commands = map[string]command{
 	"canon":       {"print the canonical form of a JSON document", runCanon},
 	"fingerprint": {"print the fingerprint of a request, to see why a retry got 422", runFingerprint},
+	"proxy":       {"put idempotency keys in front of an HTTP service in any language", runProxy},
+	"serve":       {"run a demo payments API behind the idempotency middleware", runServe},
 }
 
 func main() {

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/idemhttp"
+)
+
+func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	data := fs.String("data", "./idem-data", "directory of the idempotency store (one process at a time)")
+	listen := fs.String("listen", "127.0.0.1:8081", "address to accept clients on; port 0 picks a free one")
+	upstream := fs.String("upstream", "", "base URL of the service to protect, e.g. http://127.0.0.1:3000 (required)")
+	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none")
+	ttl := fs.Duration("ttl", 0, "how long a key is remembered, at least ten leases (default 24h)")
+	lease := fs.Duration("lease", 0, "how long a claim may run before it counts as abandoned (default 30s)")
+	upstreamTimeout := fs.Duration("upstream-timeout", 0, "how long the upstream may take to answer; then the outcome is recorded unknown (default 80% of the lease)")
+	require := fs.String("require", "POST", "comma-separated methods that must carry an Idempotency-Key; others pass through unrecorded")
+	wait := fs.Duration("wait", 0, "how long a duplicate of a request still running waits for it before getting 409 (default 0: at once)")
+	maxBody := fs.Int64("max-body", 1<<20, "largest request body in bytes; larger ones get 413")
+	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR] [--listen ADDR]
+                  [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
+                  [--upstream-timeout D] [--require METHODS] [--wait D]
+                  [--max-body N] [--drain D]
+
+Puts the idempotency-key contract in front of an HTTP service written in
+any language. A request whose method is in --require must carry an
+Idempotency-Key; the first one is forwarded and its response recorded
+while it streams back, and every retry gets that response again
+(Idempotent-Replayed: true) without reaching the upstream. The same key
+with a different request gets 422; a duplicate of a request still running
+gets 409 with Retry-After. The key is forwarded, so the upstream can pass
+it on to its own providers.
+
+Every response the upstream gives is recorded, errors included. When the
+upstream cannot be reached at all the key is freed and the proxy answers
+502; when it fails or times out after the request was sent, the outcome is
+recorded unknown (retries get 409 outcome_pending until it is resolved)
+and the proxy answers 502 or 504.
+
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return parseStatus(err)
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "idem proxy: "+format+"\n", a...)
+		fs.Usage()
+		return 2
+	}
+	if fs.NArg() > 0 {
+		return usageErr("unexpected argument %q", fs.Arg(0))
+	}
+	target, err := parseUpstream(*upstream)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	tenant, err := parseTenantFrom(*tenantFrom)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	var methods []string
+	for m := range strings.SplitSeq(*require, ",") {
+		if m = strings.ToUpper(strings.TrimSpace(m)); m != "" {
+			methods = append(methods, m)
+		}
+	}
+	if len(methods) == 0 {
+		return usageErr("--require names no method")
+	}
+	if *maxBody <= 0 {
+		return usageErr("--max-body %d must be positive", *maxBody)
+	}
+	opts := &idem.Options{TTL: *ttl, Lease: *lease, Logger: newLogger(stderr)}
+	effectiveLease := *lease
+	if effectiveLease == 0 {
+		effectiveLease = 30 * time.Second
+	}
+	timeout := *upstreamTimeout
+	switch {
+	case timeout == 0:
+		timeout = effectiveLease * 8 / 10
+	case timeout < 0 || timeout >= effectiveLease:
+		// Past its lease a claim counts as abandoned: duplicates would be
+		// told the outcome is pending while the first attempt still runs.
+		return usageErr("--upstream-timeout %s must be positive and shorter than the lease (%s)", timeout, effectiveLease)
+	}
+
+	db, code := openStore("proxy", *data, opts, stderr)
+	if db == nil {
+		if code == 2 {
+			fs.Usage()
+		}
+		return code
+	}
+	mw, err := idemhttp.New(idemhttp.Options{
+		Store:           db,
+		Tenant:          tenant,
+		Methods:         methods,
+		MaxRequestBytes: *maxBody,
+		Wait:            *wait,
+		Logger:          opts.Logger,
+	})
+	if err != nil {
+		db.Close()
+		return usageErr("%v", err)
+	}
+	h := mw(newProxyHandler(target, timeout, opts.Logger))
+	return serveUntilSignal("proxy", *listen, *data, *drain, h, db, stdout, stderr)
+}
+
+func parseUpstream(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, errors.New("--upstream is required")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("--upstream: %v", err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--upstream %q must be an http:// or https:// URL with a host", s)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("--upstream %q must not have a query or fragment", s)
+	}
+	return u, nil
+}
+
+// parseTenantFrom turns --tenant-from into the middleware's Tenant func.
+func parseTenantFrom(s string) (func(*http.Request) (string, error), error) {
+	switch {
+	case s == "auth":
+		// Hashed: the tenant is stored in every record key, and a
+		// credential has no business on disk.
+		return func(r *http.Request) (string, error) {
+			v, err := oneHeader(r, "Authorization")
+			if err != nil {
+				return "", err
+			}
+			sum := sha256.Sum256([]byte(v))
+			return hex.EncodeToString(sum[:]), nil
+		}, nil
+	case s == "none":
+		return func(*http.Request) (string, error) { return "", nil }, nil
+	case strings.HasPrefix(s, "header:"):
+		name := strings.TrimPrefix(s, "header:")
+		if name == "" || strings.ContainsAny(name, " \t:\r\n") {
+			return nil, fmt.Errorf("--tenant-from %q: the header name is missing or malformed", s)
+		}
+		// Taken as is: a header set by an authenticating gateway in front
+		// names an account, which is worth reading in the store.
+		return func(r *http.Request) (string, error) {
+			v, err := oneHeader(r, name)
+			if err != nil {
+				return "", err
+			}
+			if len(v) > idem.MaxTenantBytes {
+				return "", fmt.Errorf("the %s header is longer than %d bytes", name, idem.MaxTenantBytes)
+			}
+			return v, nil
+		}, nil
+	}
+	return nil, fmt.Errorf("--tenant-from %q: want auth, header:NAME or none", s)
+}
+
+// oneHeader returns the single, non-empty value of the header name.
+func oneHeader(r *http.Request, name string) (string, error) {
+	vs := r.Header.Values(name)
+	switch {
+	case len(vs) == 0 || (len(vs) == 1 && strings.TrimSpace(vs[0]) == ""):
+		return "", fmt.Errorf("no %s header: keys are scoped by it", name)
+	case len(vs) > 1:
+		return "", fmt.Errorf("the %s header is sent more than once", name)
+	}
+	return vs[0], nil
+}
+
+// dialError marks a failure to connect to the upstream: the request was
+// certainly not sent, so nothing can have happened there.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// newProxyHandler forwards to target, streaming the response back.
+func newProxyHandler(target *url.URL, timeout time.Duration, log *slog.Logger) http.Handler {
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil // the upstream is a neighbour, not something behind HTTP_PROXY
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, &dialError{err}
+		}
+		return c, nil
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.SetXForwarded()
+		},
+		Transport: tr,
+		// Flush after every write: server-sent events and long downloads
+		// reach the client as the upstream produces them.
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			log.Warn("idem proxy: upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			upstreamError(w, r, err)
+		},
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The middleware's context ignores the client hanging up, so that
+		// the upstream's answer is still recorded; this bounds how long a
+		// claim can wait for it.
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
+		defer cancel()
+		rp.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// upstreamError answers a request the upstream did not answer. ReverseProxy
+// passes the outgoing request, whose context still carries the
+// middleware's outcome, so Release and Unknown reach it.
+func upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	var de *dialError
+	status, code, detail := http.StatusBadGateway, "upstream_unavailable", "the upstream could not be reached; nothing was sent, so a retry with the same key runs the request"
+	switch {
+	case errors.As(err, &de):
+		idemhttp.Release(r)
+	case errors.Is(err, context.DeadlineExceeded):
+		idemhttp.Unknown(r)
+		status, code, detail = http.StatusGatewayTimeout, "upstream_timeout", "the upstream did not answer in time; it may have acted, so the outcome is recorded unknown"
+	default:
+		idemhttp.Unknown(r)
+		code, detail = "upstream_failed", "the upstream failed after the request was sent; it may have acted, so the outcome is recorded unknown"
+	}
+	// The cause goes to the log, not to the client: it names the
+	// upstream's address.
+	writeProblem(w, idemhttp.Problem{Status: status, Code: code, Detail: detail})
+}

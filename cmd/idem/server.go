@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/idemhttp"
+)
+
+// Timeouts of the HTTP servers behind serve and proxy. They bound what a
+// slow or idle client can hold (slow-loris); none bounds the handler, whose
+// work is the operation being made idempotent. There is no WriteTimeout for
+// that reason: it would cut off a slow payment provider or a streamed
+// upstream response, and a response cut off midway is recorded unknown.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = time.Minute
+	idleTimeout       = 2 * time.Minute
+)
+
+// defaultDrain is how long a stopping server waits for requests in flight.
+const defaultDrain = 30 * time.Second
+
+// openStore opens the data directory for the command called name and turns
+// the failures a person can act on into messages and exit statuses: bad
+// options are usage errors (2), a directory held by another process is a
+// plain failure (1) that says so.
+func openStore(name, dir string, opts *idem.Options, stderr io.Writer) (*idem.DB, int) {
+	db, err := idem.Open(dir, opts)
+	switch {
+	case err == nil:
+		return db, 0
+	case errors.Is(err, idem.ErrInvalidOptions):
+		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
+		return nil, 2
+	case errors.Is(err, idem.ErrLocked):
+		fmt.Fprintf(stderr, "idem %s: data directory %s is in use: another idem process holds it; stop that process or pass another --data\n(%v)\n", name, dir, err)
+		return nil, 1
+	default:
+		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
+		return nil, 1
+	}
+}
+
+// newLogger is where the middleware and the store report what they could
+// not do (an outcome that failed to store, say). Standard error keeps
+// standard output for the few lines a script may parse.
+func newLogger(stderr io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(stderr, nil))
+}
+
+// serveUntilSignal listens on addr, serves h until SIGINT or SIGTERM, then
+// stops accepting connections, lets the requests in flight finish (for at
+// most drain) and closes db, so that every outcome the handlers record
+// reaches the disk before the process exits. It owns db from the start and
+// always closes it.
+func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Handler, db *idem.DB, stdout, stderr io.Writer) int {
+	defer func() {
+		if err := db.Close(); err != nil {
+			fmt.Fprintf(stderr, "idem %s: closing the store: %v\n", name, err)
+		}
+	}()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
+		return 1
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		IdleTimeout:       idleTimeout,
+		ErrorLog:          slog.NewLogLogger(newLogger(stderr).Handler(), slog.LevelWarn),
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	// Tests and scripts read the real address from this line, which
+	// matters with port 0.
+	fmt.Fprintf(stdout, "idem %s: listening on http://%s, data in %s\n", name, ln.Addr(), dataDir)
+
+	select {
+	case err := <-served:
+		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
+		return 1
+	case <-ctx.Done():
+	}
+	// A second signal now kills the process at once, the usual way out of
+	// a drain that takes too long.
+	stop()
+	fmt.Fprintf(stdout, "idem %s: stopping; draining requests in flight (at most %s)\n", name, drain)
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		// The handlers still running lose their connection; the outcomes
+		// they cannot store stay in progress and are reconciled later,
+		// never re-executed.
+		fmt.Fprintf(stderr, "idem %s: requests still running after %s are cut off: %v\n", name, drain, err)
+		srv.Close()
+		return 1
+	}
+	fmt.Fprintf(stdout, "idem %s: stopped\n", name)
+	return 0
+}
+
+// writeProblem answers with an RFC 9457 problem document shaped like the
+// middleware's own, so clients parse one kind of error.
+func writeProblem(w http.ResponseWriter, p idemhttp.Problem) {
+	p.Type = "about:blank"
+	p.Title = http.StatusText(p.Status)
+	var body bytes.Buffer
+	enc := json.NewEncoder(&body)
+	enc.SetEscapeHTML(false) // details quote headers like "Bearer <token>"
+	enc.Encode(p)
+	w.Header().Set("Content-Type", idemhttp.ProblemType)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	w.Write(body.Bytes())
+}
