@@ -216,6 +216,7 @@ func newProxyHandler(target *url.URL, timeout time.Duration, log *slog.Logger) h
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.SetXForwarded()
+			hideKeyFromTransport(pr.Out.Header)
 		},
 		Transport: tr,
 		// Flush after every write: server-sent events and long downloads
@@ -234,6 +235,23 @@ func newProxyHandler(target *url.URL, timeout time.Duration, log *slog.Logger) h
 		defer cancel()
 		rp.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// hideKeyFromTransport stores the idempotency key fields under their
+// lower-case names. net/http's Transport takes a request that carries
+// Idempotency-Key (and has no body, or a rewindable one) as safe to send
+// twice, and quietly resends it when a reused connection breaks before the
+// answer. Behind this proxy the upstream may not deduplicate at all, which
+// is why the proxy is there, so a second send would be a second execution.
+// The Transport looks the field up by its canonical name only; on the wire
+// field names are case-insensitive, so the upstream still gets the key.
+func hideKeyFromTransport(h http.Header) {
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
+		if vs, ok := h[name]; ok {
+			delete(h, name)
+			h[strings.ToLower(name)] = vs
+		}
+	}
 }
 
 // upstreamError answers a request the upstream did not answer. ReverseProxy

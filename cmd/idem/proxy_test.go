@@ -1,0 +1,509 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// upstream is the service behind the proxy, in the test process, so that
+// tests can count what really executed. Its paths choose a behaviour:
+//
+//	/block   waits for release (or its request's end) before answering
+//	/hang    never answers; reports on hungUp when the proxy gives up
+//	/fail    reads the request and drops the connection unanswered
+//	/stream  sends a first part, waits for more, sends the rest
+//	/error   answers 500
+//	other    answers 201 with what it received
+type upstream struct {
+	*httptest.Server
+	started chan string   // the key of each request, as it arrives
+	release chan struct{} // closed to let /block requests answer
+	more    chan struct{} // closed to let /stream finish
+	hungUp  chan string   // the key of each /hang request the proxy gave up on
+
+	mu      sync.Mutex
+	runs    map[string]int         // executions per Authorization + key, guarded by mu
+	headers map[string]http.Header // the last request's headers per key, guarded by mu
+	n       int                    // executions in all, guarded by mu
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{
+		started: make(chan string, 100), release: make(chan struct{}), more: make(chan struct{}), hungUp: make(chan string, 10),
+		runs: map[string]int{}, headers: map[string]http.Header{},
+	}
+	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(u.serve))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	u.mu.Lock()
+	u.runs[r.Header.Get("Authorization")+" "+key]++
+	u.headers[key] = r.Header.Clone()
+	u.n++
+	run := u.n
+	u.mu.Unlock()
+	select {
+	case u.started <- key:
+	default: // nobody is watching
+	}
+	switch r.URL.Path {
+	case "/block":
+		select {
+		case <-u.release:
+		case <-r.Context().Done():
+			return
+		}
+	case "/hang":
+		<-r.Context().Done()
+		u.hungUp <- key
+		return
+	case "/fail":
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			c.Close()
+		}
+		return
+	case "/stream":
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, "first part\n")
+		http.NewResponseController(w).Flush()
+		<-u.more
+		io.WriteString(w, "second part\n")
+		return
+	case "/error":
+		http.Error(w, "upstream broke", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/things/%d", run))
+	w.Header().Add("X-Upstream", "one")
+	w.Header().Add("X-Upstream", "two")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"run":%d,"method":%q,"path":%q,"query":%q,"body":%q}`, run, r.Method, r.URL.Path, r.URL.RawQuery, body)
+}
+
+// count returns how often the request with auth and key executed.
+func (u *upstream) count(auth, key string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.runs[auth+" "+key]
+}
+
+func (u *upstream) total() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.n
+}
+
+func (u *upstream) header(key string) http.Header {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.headers[key]
+}
+
+func startProxy(t *testing.T, u *upstream, args ...string) *daemon {
+	t.Helper()
+	return startDaemon(t, append([]string{"proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--upstream", u.URL}, args...)...)
+}
+
+const auth = "Bearer sk_test_alice"
+
+func keyed(key string) []string { return []string{"Idempotency-Key", key, "Authorization", auth} }
+
+// replayHeader is what must be identical between a response and its
+// replay: everything but the date and the replay mark.
+func replayHeader(h http.Header) http.Header {
+	h = h.Clone()
+	h.Del("Date")
+	h.Del("Idempotent-Replayed")
+	return h
+}
+
+// TestProxyContract runs the contract's cases against one proxy and one
+// upstream; each case uses its own keys.
+func TestProxyContract(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	// --wait: a response streams to the client before its record is
+	// stored, so an immediate retry could otherwise find it in progress.
+	p := startProxy(t, u, "--wait", "5s", "--max-body", "4096")
+
+	t.Run("first call and replay", func(t *testing.T) {
+		key := newKey()
+		hdr := append(keyed(key), "Connection", "X-Hop", "X-Hop", "secret", "Keep-Alive", "timeout=5", "X-Forwarded-For", "6.6.6.6")
+		body := `{"amount": 4200, "currency": "usd"}`
+		first := send(t, "POST", p.url+"/v1/payments?expand=customer", body, hdr...)
+		require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
+		assert.Empty(t, first.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, key, first.header.Get("Idempotency-Key"))
+		assert.Equal(t, []string{"one", "two"}, first.header.Values("X-Upstream"))
+
+		again := send(t, "POST", p.url+"/v1/payments?expand=customer", body, hdr...)
+		assert.Equal(t, http.StatusCreated, again.status)
+		assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, first.body, again.body)
+		assert.Equal(t, replayHeader(first.header), replayHeader(again.header))
+		assert.Equal(t, 1, u.count(auth, key))
+
+		// What the upstream was sent.
+		got := u.header(key)
+		assert.Equal(t, key, got.Get("Idempotency-Key"), "the key is forwarded")
+		assert.Equal(t, auth, got.Get("Authorization"))
+		assert.Empty(t, got.Get("X-Hop"), "a field named by Connection is hop-by-hop")
+		assert.Empty(t, got.Get("Keep-Alive"))
+		assert.Equal(t, "127.0.0.1", got.Get("X-Forwarded-For"), "the client's own X-Forwarded-For is not trusted")
+		assert.Equal(t, strings.TrimPrefix(p.url, "http://"), got.Get("X-Forwarded-Host"))
+		assert.Equal(t, "http", got.Get("X-Forwarded-Proto"))
+		assert.Contains(t, string(first.body), `"query":"expand=customer"`)
+	})
+
+	t.Run("same request spelt otherwise replays", func(t *testing.T) {
+		key := newKey()
+		first := send(t, "POST", p.url+"/v1/payments", `{"amount": 4200, "currency": "usd", "meta": {"a": 1, "b": [1.50]}}`, keyed(key)...)
+		require.Equal(t, http.StatusCreated, first.status)
+		again := send(t, "POST", p.url+"/v1/payments", `{"meta":{"b":[15e-1],"a":1.0},"currency":"usd","amount":4.2e3}`, keyed(key)...)
+		assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, first.body, again.body)
+		assert.Equal(t, 1, u.count(auth, key))
+	})
+
+	t.Run("changed amount is refused", func(t *testing.T) {
+		key := newKey()
+		require.Equal(t, http.StatusCreated, send(t, "POST", p.url+"/v1/payments", `{"amount": 4200}`, keyed(key)...).status)
+		r := send(t, "POST", p.url+"/v1/payments", `{"amount": 4201}`, keyed(key)...)
+		assert.Equal(t, http.StatusUnprocessableEntity, r.status)
+		assert.Equal(t, "idempotency_key_reuse", r.code(t))
+		assert.Equal(t, 1, u.count(auth, key))
+	})
+
+	t.Run("malformed keys reach nothing", func(t *testing.T) {
+		cases := []struct {
+			name   string
+			header []string
+			code   string
+		}{
+			{"missing", []string{"Authorization", auth}, "idempotency_key_missing"},
+			{"empty", keyed(""), "idempotency_key_invalid"},
+			{"256 characters", keyed(strings.Repeat("k", 256)), "idempotency_key_invalid"},
+			{"bad alphabet", keyed("key with spaces!"), "idempotency_key_invalid"},
+			{"duplicated", append(keyed("k1"), "Idempotency-Key", "k1"), "idempotency_key_invalid"},
+		}
+		before := u.total()
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				r := send(t, "POST", p.url+"/v1/payments", `{"amount": 1}`, c.header...)
+				assert.Equal(t, http.StatusBadRequest, r.status)
+				assert.Equal(t, c.code, r.code(t))
+			})
+		}
+		assert.Equal(t, before, u.total())
+		// 255 characters is a key.
+		long := strings.Repeat("k", 255)
+		assert.Equal(t, http.StatusCreated, send(t, "POST", p.url+"/v1/payments", `{"amount": 1}`, keyed(long)...).status)
+	})
+
+	t.Run("no Authorization is no tenant", func(t *testing.T) {
+		before := u.total()
+		r := send(t, "POST", p.url+"/v1/payments", `{}`, "Idempotency-Key", newKey())
+		assert.Equal(t, http.StatusUnauthorized, r.status)
+		assert.Equal(t, "tenant_missing", r.code(t))
+		assert.Equal(t, before, u.total())
+	})
+
+	t.Run("tenants stay apart", func(t *testing.T) {
+		key := newKey()
+		body := `{"amount": 4200}`
+		alice := send(t, "POST", p.url+"/v1/payments", body, keyed(key)...)
+		bob := send(t, "POST", p.url+"/v1/payments", body, "Idempotency-Key", key, "Authorization", "Bearer sk_test_bob")
+		require.Equal(t, http.StatusCreated, alice.status)
+		require.Equal(t, http.StatusCreated, bob.status)
+		assert.Empty(t, bob.header.Get("Idempotent-Replayed"))
+		assert.NotEqual(t, alice.body, bob.body)
+		assert.Equal(t, 1, u.count(auth, key))
+		assert.Equal(t, 1, u.count("Bearer sk_test_bob", key))
+	})
+
+	t.Run("GET passes through", func(t *testing.T) {
+		before := u.total()
+		for range 2 {
+			r := send(t, "GET", p.url+"/v1/payments/pay_1", "")
+			assert.Equal(t, http.StatusCreated, r.status) // whatever the upstream says
+			assert.Empty(t, r.header.Get("Idempotent-Replayed"))
+		}
+		assert.Equal(t, before+2, u.total())
+	})
+
+	t.Run("oversized body", func(t *testing.T) {
+		before := u.total()
+		r := send(t, "POST", p.url+"/v1/payments", `"`+strings.Repeat("x", 4096)+`"`, keyed(newKey())...)
+		assert.Equal(t, http.StatusRequestEntityTooLarge, r.status)
+		assert.Equal(t, "payload_too_large", r.code(t))
+		assert.Equal(t, before, u.total())
+	})
+
+	t.Run("upstream errors are outcomes", func(t *testing.T) {
+		key := newKey()
+		first := send(t, "POST", p.url+"/error", `{}`, keyed(key)...)
+		assert.Equal(t, http.StatusInternalServerError, first.status)
+		again := send(t, "POST", p.url+"/error", `{}`, keyed(key)...)
+		assert.Equal(t, http.StatusInternalServerError, again.status)
+		assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, first.body, again.body)
+		assert.Equal(t, 1, u.count(auth, key))
+	})
+
+	t.Run("upstream dropping the request makes it unknown", func(t *testing.T) {
+		for _, body := range []string{`{"amount": 1}`, ""} {
+			// A pooled connection first: net/http would resend a
+			// request with an Idempotency-Key and no body after a reused
+			// connection broke, were the proxy not hiding the key.
+			send(t, "GET", p.url+"/warm", "")
+			key := newKey()
+			r := send(t, "POST", p.url+"/fail", body, keyed(key)...)
+			assert.Equal(t, http.StatusBadGateway, r.status)
+			assert.Equal(t, "upstream_failed", r.code(t))
+			retry := send(t, "POST", p.url+"/fail", body, keyed(key)...)
+			assert.Equal(t, http.StatusConflict, retry.status)
+			assert.Equal(t, "outcome_pending", retry.code(t))
+			assert.Equal(t, 1, u.count(auth, key), "body %q", body)
+		}
+	})
+
+	t.Run("streamed response", func(t *testing.T) {
+		key := newKey()
+		req, err := http.NewRequest("POST", p.url+"/stream", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Authorization", auth)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		// The first part arrives while the upstream is still waiting to
+		// send the second.
+		part := make([]byte, len("first part\n"))
+		_, err = io.ReadFull(resp.Body, part)
+		require.NoError(t, err)
+		assert.Equal(t, "first part\n", string(part))
+		close(u.more)
+		rest, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, "second part\n", string(rest))
+
+		again := send(t, "POST", p.url+"/stream", `{}`, keyed(key)...)
+		assert.Equal(t, http.StatusOK, again.status)
+		assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, "first part\nsecond part\n", string(again.body))
+		assert.Equal(t, 1, u.count(auth, key))
+	})
+}
+
+// TestProxyConcurrent sends 50 identical requests at once: the upstream
+// runs one, and the rest are told it is in progress.
+func TestProxyConcurrent(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u)
+	key := newKey()
+	const n = 50
+	replies := make(chan reply, n)
+	for range n {
+		go func() {
+			r, err := trySend(context.Background(), "POST", p.url+"/block", `{"amount": 4200}`, keyed(key)...)
+			assert.NoError(t, err)
+			replies <- r
+		}()
+	}
+	// The one that got through is held at the upstream until every other
+	// has its answer, so all 49 really overlapped it.
+	for range n - 1 {
+		r := <-replies
+		require.Equal(t, http.StatusConflict, r.status, "%s", r.body)
+		assert.Equal(t, "request_in_progress", r.code(t))
+		assert.NotEmpty(t, r.header.Get("Retry-After"))
+	}
+	close(u.release)
+	assert.Equal(t, http.StatusCreated, (<-replies).status)
+	assert.Equal(t, 1, u.count(auth, key))
+}
+
+// TestProxyUpstreamDown: a request that never reached the upstream frees
+// its key, and the retry once the upstream is back runs it once.
+func TestProxyUpstreamDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // connections to addr are now refused
+
+	u := newUpstream(t)
+	p := startDaemon(t, "proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--upstream", "http://"+addr)
+	key := newKey()
+	down := send(t, "POST", p.url+"/v1/payments", `{"amount": 4200}`, keyed(key)...)
+	assert.Equal(t, http.StatusBadGateway, down.status)
+	assert.Equal(t, "upstream_unavailable", down.code(t))
+	assert.Empty(t, down.header.Get("Idempotent-Replayed"))
+
+	ln, err = net.Listen("tcp", addr)
+	require.NoError(t, err, "the port was taken in between; rerun")
+	u.Listener.Close()
+	u.Listener = ln
+	u.Start()
+	up := send(t, "POST", p.url+"/v1/payments", `{"amount": 4200}`, keyed(key)...)
+	assert.Equal(t, http.StatusCreated, up.status, "%s", up.body)
+	assert.Empty(t, up.header.Get("Idempotent-Replayed"))
+	again := send(t, "POST", p.url+"/v1/payments", `{"amount": 4200}`, keyed(key)...)
+	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, 1, u.count(auth, key))
+}
+
+// TestProxyUpstreamHangs: the client gives up, the proxy gives up on the
+// upstream later, and since the upstream may have acted the outcome is
+// unknown: the retry is told so, and nothing runs again.
+func TestProxyUpstreamHangs(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u, "--lease", "5s", "--upstream-timeout", "300ms", "--wait", "5s")
+	key := newKey()
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan error, 1)
+	go func() {
+		_, err := trySend(ctx, "POST", p.url+"/hang", `{"amount": 4200}`, keyed(key)...)
+		gaveUp <- err
+	}()
+	assert.Equal(t, key, <-u.started)
+	cancel() // the client's timeout
+	require.Error(t, <-gaveUp)
+
+	// The retry waits for the first attempt to end (--wait), then hears
+	// that its outcome is pending.
+	retry := send(t, "POST", p.url+"/hang", `{"amount": 4200}`, keyed(key)...)
+	assert.Equal(t, http.StatusConflict, retry.status, "%s", retry.body)
+	assert.Equal(t, "outcome_pending", retry.code(t))
+	assert.Equal(t, key, <-u.hungUp, "the proxy cancelled the upstream request")
+	assert.Equal(t, 1, u.count(auth, key))
+}
+
+// TestProxyRestart stops a proxy while a request is in flight, starts
+// another on the same data, and finds every outcome where it was left.
+func TestProxyRestart(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u)
+
+	done := newKey()
+	first := send(t, "POST", p.url+"/v1/payments", `{"amount": 1}`, keyed(done)...)
+	require.Equal(t, http.StatusCreated, first.status)
+	lost := newKey()
+	require.Equal(t, http.StatusBadGateway, send(t, "POST", p.url+"/fail", `{}`, keyed(lost)...).status)
+
+	// SIGTERM while a request is at the upstream: it still completes, is
+	// answered and is stored before the process exits.
+	inFlight := newKey()
+	answered := make(chan reply, 1)
+	go func() {
+		r, err := trySend(context.Background(), "POST", p.url+"/block", `{"amount": 3}`, keyed(inFlight)...)
+		assert.NoError(t, err)
+		answered <- r
+	}()
+	for k := range u.started {
+		if k == inFlight {
+			break
+		}
+	}
+	p.signal()
+	p.waitLine("draining")
+	close(u.release)
+	drained := <-answered
+	assert.Equal(t, http.StatusCreated, drained.status, "%s", drained.body)
+	assert.Equal(t, 0, p.wait(), p.stderr.String())
+	p.waitLine("stopped")
+
+	again := startDaemon(t, "proxy", "--data", p.data, "--listen", "127.0.0.1:0", "--upstream", u.URL)
+	r := send(t, "POST", again.url+"/v1/payments", `{"amount": 1}`, keyed(done)...)
+	assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, first.body, r.body)
+	assert.Equal(t, replayHeader(first.header), replayHeader(r.header))
+	r = send(t, "POST", again.url+"/block", `{"amount": 3}`, keyed(inFlight)...)
+	assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, drained.body, r.body)
+	assert.Equal(t, "outcome_pending", send(t, "POST", again.url+"/fail", `{}`, keyed(lost)...).code(t))
+	for _, k := range []string{done, lost, inFlight} {
+		assert.Equal(t, 1, u.count(auth, k))
+	}
+
+	// A second proxy on the same data is turned away.
+	second := runIdem(t, "", "proxy", "--data", p.data, "--listen", "127.0.0.1:0", "--upstream", u.URL)
+	assert.Equal(t, 1, second.code)
+	assert.Contains(t, second.stderr, "another idem process holds it")
+	assert.Empty(t, second.stdout)
+}
+
+func TestProxyTenantFrom(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+
+	byHeader := startProxy(t, u, "--tenant-from", "header:X-Account")
+	key := newKey()
+	r := send(t, "POST", byHeader.url+"/v1/payments", `{}`, "Idempotency-Key", key, "Authorization", auth)
+	assert.Equal(t, http.StatusUnauthorized, r.status)
+	assert.Equal(t, "tenant_missing", r.code(t))
+	for _, account := range []string{"acct_1", "acct_2"} {
+		r = send(t, "POST", byHeader.url+"/v1/payments", `{}`, "Idempotency-Key", key, "X-Account", account)
+		assert.Equal(t, http.StatusCreated, r.status)
+		assert.Empty(t, r.header.Get("Idempotent-Replayed"), account)
+	}
+	assert.Equal(t, 2, u.count("", key))
+
+	none := startProxy(t, u, "--tenant-from", "none", "--require", "post, patch")
+	key = newKey()
+	for _, method := range []string{"PATCH", "PATCH"} {
+		r = send(t, method, none.url+"/v1/payments/1", `{}`, "Idempotency-Key", key)
+		assert.Equal(t, http.StatusCreated, r.status)
+	}
+	assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, 1, u.count("", key))
+	assert.Equal(t, "idempotency_key_missing", send(t, "PATCH", none.url+"/v1/payments/1", `{}`).code(t))
+}
+
+func TestProxyUsage(t *testing.T) {
+	cases := []struct {
+		name   string
+		args   []string
+		stderr string
+	}{
+		{"no upstream", nil, "--upstream is required"},
+		{"upstream not a URL", []string{"--upstream", "localhost:3000"}, "must be an http:// or https:// URL"},
+		{"tenant source", []string{"--upstream", "http://x", "--tenant-from", "cookie"}, "want auth, header:NAME or none"},
+		{"empty header name", []string{"--upstream", "http://x", "--tenant-from", "header:"}, "header name is missing"},
+		{"ttl too short", []string{"--upstream", "http://x", "--ttl", "1m"}, "TTL 1m0s must be at least 10 leases"},
+		{"negative lease", []string{"--upstream", "http://x", "--lease", "-1s"}, "Lease -1s must be positive"},
+		{"timeout past the lease", []string{"--upstream", "http://x", "--upstream-timeout", "30s"}, "shorter than the lease"},
+		{"no methods", []string{"--upstream", "http://x", "--require", ","}, "names no method"},
+		{"negative wait", []string{"--upstream", "http://x", "--wait", "-1s"}, "Options.Wait"},
+		{"unknown flag", []string{"--upstream", "http://x", "--port", "1"}, "flag provided but not defined"},
+		{"argument", []string{"--upstream", "http://x", "extra"}, `unexpected argument "extra"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := runIdem(t, "", append([]string{"proxy", "--data", t.TempDir()}, c.args...)...)
+			assert.Equal(t, 2, r.code)
+			assert.Contains(t, r.stderr, c.stderr)
+			assert.Contains(t, r.stderr, "usage: idem proxy")
+			assert.Empty(t, r.stdout)
+		})
+	}
+}
