@@ -86,6 +86,9 @@ and the proxy answers 502 or 504.
 	if len(methods) == 0 {
 		return usageErr("--require names no method")
 	}
+	if *drain <= 0 {
+		return usageErr("--drain %s must be positive", *drain)
+	}
 	if *maxBody <= 0 {
 		return usageErr("--max-body %d must be positive", *maxBody)
 	}
@@ -218,7 +221,17 @@ func newProxyHandler(target *url.URL, timeout time.Duration, log *slog.Logger) h
 			pr.SetXForwarded()
 			hideKeyFromTransport(pr.Out.Header)
 		},
+		// The middleware already set the fields of the contract on the
+		// response; an upstream that echoes the key too would otherwise
+		// send it twice, and first answers would differ from replays.
+		ModifyResponse: func(res *http.Response) error {
+			for _, name := range []string{"Idempotency-Key", "Idempotent-Replayed", "Idempotent-Body-Omitted"} {
+				res.Header.Del(name)
+			}
+			return nil
+		},
 		Transport: tr,
+		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		// Flush after every write: server-sent events and long downloads
 		// reach the client as the upstream produces them.
 		FlushInterval: -1,

@@ -22,6 +22,7 @@ import (
 //	/hang    never answers; reports on hungUp when the proxy gives up
 //	/fail    reads the request and drops the connection unanswered
 //	/stream  sends a first part, waits for more, sends the rest
+//	/cut     sends a first part and drops the connection
 //	/error   answers 500
 //	other    answers 201 with what it received
 type upstream struct {
@@ -84,12 +85,23 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		<-u.more
 		io.WriteString(w, "second part\n")
 		return
+	case "/cut":
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, "the start of something\n")
+		http.NewResponseController(w).Flush()
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			c.Close()
+		}
+		return
 	case "/error":
 		http.Error(w, "upstream broke", http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", fmt.Sprintf("/things/%d", run))
+	if key != "" {
+		w.Header().Set("Idempotency-Key", key) // as many APIs echo it
+	}
 	w.Header().Add("X-Upstream", "one")
 	w.Header().Add("X-Upstream", "two")
 	w.WriteHeader(http.StatusCreated)
@@ -149,7 +161,7 @@ func TestProxyContract(t *testing.T) {
 		first := send(t, "POST", p.url+"/v1/payments?expand=customer", body, hdr...)
 		require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
 		assert.Empty(t, first.header.Get("Idempotent-Replayed"))
-		assert.Equal(t, key, first.header.Get("Idempotency-Key"))
+		assert.Equal(t, []string{key}, first.header.Values("Idempotency-Key"), "once, though the upstream echoes it")
 		assert.Equal(t, []string{"one", "two"}, first.header.Values("X-Upstream"))
 
 		again := send(t, "POST", p.url+"/v1/payments?expand=customer", body, hdr...)
@@ -281,6 +293,16 @@ func TestProxyContract(t *testing.T) {
 			assert.Equal(t, "outcome_pending", retry.code(t))
 			assert.Equal(t, 1, u.count(auth, key), "body %q", body)
 		}
+	})
+
+	t.Run("response cut off midway makes it unknown", func(t *testing.T) {
+		key := newKey()
+		_, err := trySend(context.Background(), "POST", p.url+"/cut", `{}`, keyed(key)...)
+		require.Error(t, err, "the client sees the response break off")
+		retry := send(t, "POST", p.url+"/cut", `{}`, keyed(key)...)
+		assert.Equal(t, http.StatusConflict, retry.status, "%s", retry.body)
+		assert.Equal(t, "outcome_pending", retry.code(t))
+		assert.Equal(t, 1, u.count(auth, key))
 	})
 
 	t.Run("streamed response", func(t *testing.T) {
@@ -492,6 +514,7 @@ func TestProxyUsage(t *testing.T) {
 		{"ttl too short", []string{"--upstream", "http://x", "--ttl", "1m"}, "TTL 1m0s must be at least 10 leases"},
 		{"negative lease", []string{"--upstream", "http://x", "--lease", "-1s"}, "Lease -1s must be positive"},
 		{"timeout past the lease", []string{"--upstream", "http://x", "--upstream-timeout", "30s"}, "shorter than the lease"},
+		{"no drain", []string{"--upstream", "http://x", "--drain", "0s"}, "--drain 0s must be positive"},
 		{"no methods", []string{"--upstream", "http://x", "--require", ","}, "names no method"},
 		{"negative wait", []string{"--upstream", "http://x", "--wait", "-1s"}, "Options.Wait"},
 		{"unknown flag", []string{"--upstream", "http://x", "--port", "1"}, "flag provided but not defined"},

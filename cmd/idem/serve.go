@@ -55,8 +55,8 @@ still replays a payment that this process no longer knows about.
 		fs.Usage()
 		return 2
 	}
-	if *delay < 0 {
-		fmt.Fprintf(stderr, "idem serve: --provider-delay %s must not be negative\n", *delay)
+	if *delay < 0 || *drain <= 0 {
+		fmt.Fprintf(stderr, "idem serve: --provider-delay %s must not be negative, --drain %s must be positive\n", *delay, *drain)
 		fs.Usage()
 		return 2
 	}

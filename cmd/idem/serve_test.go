@@ -356,6 +356,7 @@ func TestServeUsage(t *testing.T) {
 		{"unknown flag", []string{"--port", "80"}, 2, "flag provided but not defined"},
 		{"argument", []string{"now"}, 2, `unexpected argument "now"`},
 		{"negative delay", []string{"--provider-delay", "-1s"}, 2, "must not be negative"},
+		{"no drain", []string{"--drain", "0s"}, 2, "--drain 0s must be positive"},
 		{"bad address", []string{"--addr", "127.0.0.1:99999"}, 1, "idem serve:"},
 	}
 	for _, c := range cases {
