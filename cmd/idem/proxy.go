@@ -29,7 +29,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none")
 	ttl := fs.Duration("ttl", 0, "how long a key is remembered, at least ten leases (default 24h)")
 	lease := fs.Duration("lease", 0, "how long a claim may run before it counts as abandoned (default 30s)")
-	upstreamTimeout := fs.Duration("upstream-timeout", 0, "how long the upstream may take to answer; then the outcome is recorded unknown (default 80% of the lease)")
+	upstreamTimeout := fs.Duration("upstream-timeout", 0, "how long the upstream may take to answer in full; past it the outcome is recorded unknown (default 80% of the lease)")
 	require := fs.String("require", "POST", "comma-separated methods that must carry an Idempotency-Key; others pass through unrecorded")
 	wait := fs.Duration("wait", 0, "how long a duplicate of a request still running waits for it before getting 409 (default 0: at once)")
 	maxBody := fs.Int64("max-body", 1<<20, "largest request body in bytes; larger ones get 413")
