@@ -74,7 +74,7 @@ type DB struct {
 	commits *committer
 	sweeper *compaction.Sweeper
 	seed    maphash.Seed
-	stripes [numStripes]sync.Mutex
+	stripes [numStripes]stripe
 	stats   counters
 	waiting waiters
 
@@ -192,7 +192,17 @@ func (db *DB) enter() (func(), error) {
 	return db.ops.RUnlock, nil
 }
 
-func (db *DB) stripe(rk []byte) *sync.Mutex {
+// stripe guards the records whose keys hash to it: every read that must
+// see only durable state and every write of such a record holds it.
+type stripe struct {
+	sync.Mutex
+	// writes counts the writes made under this stripe. A lease that finds
+	// it unchanged since its own write knows its record is untouched
+	// without reading it back.
+	writes uint64
+}
+
+func (db *DB) stripe(rk []byte) *stripe {
 	return &db.stripes[maphash.Bytes(db.seed, rk)%numStripes]
 }
 
@@ -297,7 +307,7 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint, opts ...ClaimO
 		return nil, nil, err
 	}
 	db.stats.claims.Add(1)
-	return &Lease{db: db, rk: rk, scope: s, rec: *rec, val: v}, nil, nil
+	return &Lease{db: db, rk: rk, scope: s, rec: *rec, val: v, writes: mu.writes}, nil, nil
 }
 
 // A ClaimOption adjusts one claim.
@@ -360,6 +370,7 @@ func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) ([]byte, err
 		return nil, err
 	}
 	rec.storedLen = int64(len(v))
+	db.stripe(rk).writes++
 	xk, pk := indexKeys(rk, rec)
 	var oldX, oldP []byte
 	if old != nil {
@@ -408,6 +419,7 @@ func indexKeys(rk []byte, rec *Record) (xk, pk []byte) {
 
 // deleteLocked durably removes rec and everything that belongs to it.
 func (db *DB) deleteLocked(rk []byte, rec *Record) error {
+	db.stripe(rk).writes++
 	return db.commits.commit(func(b *pebble.Batch) error {
 		return errors.Join(deleteIndexes(b, rk, rec), b.Delete(rk, nil))
 	})
@@ -525,3 +537,4 @@ func (pebbleLogger) Fatalf(format string, args ...any) {
 // fatalExitCode is the process exit status after a fatal storage error
 // (EX_IOERR in sysexits.h).
 const fatalExitCode = 74
+

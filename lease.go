@@ -29,8 +29,9 @@ type Lease struct {
 	scope Scope
 
 	mu  sync.Mutex
-	rec Record // guarded by mu: the record as this lease last wrote it
-	val []byte // guarded by mu: rec's stored value
+	rec    Record // guarded by mu: the record as this lease last wrote it
+	val    []byte // guarded by mu: rec's stored value
+	writes uint64 // guarded by mu: the stripe's write count after that write
 }
 
 // Record returns a copy of the record as this lease last wrote it; its
@@ -134,10 +135,14 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 	now := db.now()
 	// The record is still this lease's exactly when it is in progress and
 	// its stored value is the one the lease last wrote: any other writer
-	// changes the state or the token. Comparing bytes spares decoding.
-	held, err := db.holds(l.rk, l.val)
-	if err != nil {
-		return err
+	// changes the state or the token. When nothing at all was written under
+	// the stripe since, that is certain without a read; otherwise compare
+	// the stored bytes, which spares decoding.
+	held := mu.writes == l.writes
+	if !held {
+		if held, err = db.holds(l.rk, l.val); err != nil {
+			return err
+		}
 	}
 	if !held || l.rec.State != StateInProgress || !now.Before(l.rec.ExpiresAt) {
 		return ErrLeaseLost
@@ -171,7 +176,7 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 	case StateFailed:
 		db.stats.failures.Add(1)
 	}
-	l.rec, l.val = next, v
+	l.rec, l.val, l.writes = next, v, mu.writes
 	return nil
 }
 

@@ -185,7 +185,7 @@ func (db *DB) takeOver(s Scope) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Lease{db: db, rk: rk, scope: s, rec: next, val: v}, nil
+	return &Lease{db: db, rk: rk, scope: s, rec: next, val: v, writes: mu.writes}, nil
 }
 
 // KeyHash returns a short, stable digest of an idempotency key, for logs

@@ -44,6 +44,7 @@ func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, error)
 	if err != nil || rec == nil || live {
 		return 0, err
 	}
+	db.stripe(rk).writes++
 	if err := errors.Join(deleteIndexes(b, rk, rec), b.Delete(rk, nil)); err != nil {
 		return 0, err
 	}

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"testing"
 
@@ -45,3 +46,34 @@ func TestWaitWakesOnLeaseEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaseCheckWhenTheStripeIsShared covers the slow path of a lease's
+// ownership check: another key in the same stripe was written in between,
+// so the lease must read its record back.
+func TestLeaseCheckWhenTheStripeIsShared(t *testing.T) {
+	ctx := context.Background()
+	db, err := Open("db", &Options{FS: vfs.NewMem(), SweepInterval: -1})
+	require.NoError(t, err)
+	defer db.Close()
+	a := Scope{Tenant: "t", Endpoint: "e", Key: "a"}
+	b := a
+	for i := 0; ; i++ {
+		b.Key = "b" + itoa(i)
+		if db.stripe(a.recordKey()) == db.stripe(b.recordKey()) {
+			break
+		}
+	}
+	la, _, err := db.Claim(ctx, a, Fingerprint{1})
+	require.NoError(t, err)
+	lb, _, err := db.Claim(ctx, b, Fingerprint{1})
+	require.NoError(t, err)
+	require.NoError(t, lb.Complete(ctx, Response{Status: 200}))
+	require.NoError(t, la.Extend(ctx), "a neighbour's write does not cost a the lease")
+
+	// A takeover of a, seen only through the read-back, must cost it.
+	db2lease := &Lease{db: db, rk: la.rk, scope: a, rec: la.rec, val: la.val, writes: la.writes}
+	require.NoError(t, la.MarkUnknown(ctx))
+	assert.ErrorIs(t, db2lease.Complete(ctx, Response{Status: 200}), ErrLeaseLost)
+}
+
+func itoa(i int) string { return fmt.Sprint(i) }

@@ -2,7 +2,7 @@
 // run, interleaved, so that every ratio it prints compares figures taken
 // under the same conditions.
 //
-//	go run ./bench [-duration 3s] [-conc 1,16,64] [-systems idem,pebble] [-out DIR]
+//	go run ./bench [-duration 3s] [-conc 1,16,64] [-systems idem,pebble,pebble-tuned] [-out DIR]
 //
 // Workloads: "claim+complete" is one durable claim followed by one durable
 // completion with a 1 KiB body, on fresh UUIDv4 keys spread over 100
@@ -29,7 +29,7 @@ import (
 func main() {
 	duration := flag.Duration("duration", 3*time.Second, "how long each measurement runs")
 	concList := flag.String("conc", "1,16,64", "comma-separated concurrency levels")
-	systemList := flag.String("systems", "idem,pebble", "comma-separated systems to measure: "+strings.Join(systemNames(), ", "))
+	systemList := flag.String("systems", "idem,pebble,pebble-tuned", "comma-separated systems to measure: "+strings.Join(systemNames(), ", "))
 	bodySize := flag.Int("body", 1024, "response body size in bytes")
 	outDir := flag.String("out", "", "directory to write results.md into (default: print only)")
 	dataDir := flag.String("data", ".", "directory under which the temporary stores are created")
@@ -233,30 +233,35 @@ func measure(ctx context.Context, conc int, d time.Duration, fn func(*rand.Rand)
 	return row{conc: conc, ops: len(lat), elapsed: elapsed, p50: pct(0.50), p99: pct(0.99)}, nil
 }
 
-// markdown renders the rows as a table, each with its ratio to the pebble
-// baseline measured in the same cell.
+// markdown renders the rows as a table, each with its ratios to the
+// pebble baselines measured in the same cell.
 func markdown(rows []row, cfg config) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| workload | conc | system | ops/s | p50 | p99 | syncs/op | vs pebble (ops/s) | vs pebble (p50) |\n")
-	fmt.Fprintf(&b, "|---|---:|---|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| workload | conc | system | ops/s | p50 | p99 | syncs/op | ops/s vs pebble | ops/s vs pebble-tuned | p50 vs pebble-tuned |\n")
+	fmt.Fprintf(&b, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	base := map[string]row{}
 	for _, r := range rows {
-		if r.system == "pebble" {
-			base[fmt.Sprint(r.workload, r.conc)] = r
+		base[fmt.Sprint(r.system, r.workload, r.conc)] = r
+	}
+	ratio := func(r row, system string, latency bool) string {
+		br, ok := base[fmt.Sprint(system, r.workload, r.conc)]
+		switch {
+		case !ok:
+			return ""
+		case latency:
+			return fmt.Sprintf("%.2fx", float64(r.p50)/float64(br.p50))
+		default:
+			return fmt.Sprintf("%.2fx", r.rate()/br.rate())
 		}
 	}
 	for _, r := range rows {
-		ratio, latRatio := "", ""
-		if br, ok := base[fmt.Sprint(r.workload, r.conc)]; ok {
-			ratio = fmt.Sprintf("%.2fx", r.rate()/br.rate())
-			latRatio = fmt.Sprintf("%.2fx", float64(r.p50)/float64(br.p50))
-		}
 		syncs := ""
 		if r.syncsPerOp > 0 {
 			syncs = fmt.Sprintf("%.3f", r.syncsPerOp)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %.0f | %s | %s | %s | %s | %s |\n",
-			r.workload, r.conc, r.system, r.rate(), round(r.p50), round(r.p99), syncs, ratio, latRatio)
+		fmt.Fprintf(&b, "| %s | %d | %s | %.0f | %s | %s | %s | %s | %s | %s |\n",
+			r.workload, r.conc, r.system, r.rate(), round(r.p50), round(r.p99), syncs,
+			ratio(r, "pebble", false), ratio(r, "pebble-tuned", false), ratio(r, "pebble-tuned", true))
 	}
 	fmt.Fprintf(&b, "\n%s per cell, %d-byte bodies, GOMAXPROCS=%d.\n", cfg.duration, len(cfg.body), runtimeProcs())
 	return b.String()

@@ -43,7 +43,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 	body := make([]byte, 1024)
 	ctx := context.Background()
 	for _, conc := range []int{1, 16, 64} {
-		for _, name := range []string{"idem", "pebble"} {
+		for _, name := range []string{"idem", "pebble", "pebble-tuned"} {
 			b.Run(fmt.Sprintf("conc=%d/system=%s", conc, name), func(b *testing.B) {
 				s := openBench(b, name)
 				s.syncsPerOp() // start counting here
@@ -71,7 +71,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 func BenchmarkReplay(b *testing.B) {
 	body := make([]byte, 1024)
 	ctx := context.Background()
-	for _, name := range []string{"idem", "pebble"} {
+	for _, name := range []string{"idem", "pebble", "pebble-tuned"} {
 		b.Run("system="+name, func(b *testing.B) {
 			s := openBench(b, name)
 			ops := make([]op, 1000)
