@@ -84,7 +84,10 @@ type Options struct {
 
 	// Wait is how long a retry that finds its key in progress waits for
 	// the first request to finish before it gets 409. The first request's
-	// end wakes it. Default: 0, answer 409 at once.
+	// end wakes it. A streamed response reaches the client before it is
+	// stored, so a client that retries at once may see 409 for a request
+	// that just finished; a short Wait covers that. Default: 0, answer 409
+	// at once.
 	Wait time.Duration
 
 	// MismatchStatus is the status for a key reused with another request.

@@ -500,3 +500,15 @@ func TestOptionsValidation(t *testing.T) {
 		assert.Contains(t, err.Error(), want)
 	}
 }
+
+func TestKeyEchoedOnceEvenIfTheHandlerAddsIt(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Add("Idempotency-Key", r.Header.Get("Idempotency-Key"))
+		w.WriteHeader(http.StatusCreated)
+	}
+	first, _ := e.call("POST", "/v1/payments", "acme", pay, "echo")
+	again, _ := e.call("POST", "/v1/payments", "acme", pay, "echo")
+	assert.Equal(t, []string{"echo"}, first.Header.Values("Idempotency-Key"))
+	assert.Equal(t, []string{"echo"}, again.Header.Values("Idempotency-Key"))
+}

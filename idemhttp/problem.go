@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -48,7 +49,10 @@ func writeProblem(w http.ResponseWriter, p Problem, retry time.Duration) {
 	if retry > 0 {
 		h.Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
 	}
-	body, _ := json.Marshal(p)
+	var body bytes.Buffer
+	enc := json.NewEncoder(&body)
+	enc.SetEscapeHTML(false) // a problem is not HTML; keep details legible
+	_ = enc.Encode(p)
 	w.WriteHeader(p.Status)
-	w.Write(append(body, '\n'))
+	w.Write(body.Bytes())
 }

@@ -30,6 +30,11 @@ func (r *recorder) WriteHeader(status int) {
 	}
 	r.status = status
 	r.header = storableHeader(r.w.Header())
+	// A handler may have added the key again (a proxy copying an upstream
+	// echo); the answer carries it once, as its replay will.
+	if vs := r.w.Header().Values(headerKey); len(vs) > 1 {
+		r.w.Header().Set(headerKey, vs[0])
+	}
 	r.w.WriteHeader(status)
 }
 
