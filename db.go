@@ -537,4 +537,3 @@ func (pebbleLogger) Fatalf(format string, args ...any) {
 // fatalExitCode is the process exit status after a fatal storage error
 // (EX_IOERR in sysexits.h).
 const fatalExitCode = 74
-

@@ -28,7 +28,7 @@ type Lease struct {
 	rk    []byte
 	scope Scope
 
-	mu  sync.Mutex
+	mu     sync.Mutex
 	rec    Record // guarded by mu: the record as this lease last wrote it
 	val    []byte // guarded by mu: rec's stored value
 	writes uint64 // guarded by mu: the stripe's write count after that write
