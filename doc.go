@@ -1,3 +1,48 @@
 // Package idem stores idempotency keys in an embedded Pebble database so that
 // a retried API write runs once.
+//
+// # The contract
+//
+// A client names one logical operation with an idempotency key and sends it
+// on every retry. The server claims the key's Scope (tenant, endpoint, key)
+// together with a Fingerprint of the canonical request. The first claim gets
+// a Lease and runs the operation; a claim of a completed key with the same
+// fingerprint gets the stored Record to replay; a claim while the operation
+// runs gets ErrInProgress with a retry hint; the same key with another
+// request gets ErrFingerprintMismatch; an earlier attempt whose outcome is
+// unknown gets ErrOutcomePending. The idemhttp package speaks this contract
+// over HTTP, and idemclient is its client half.
+//
+// # Durability
+//
+// Every change of state is synced to the write-ahead log before the call
+// that made it returns: the claim before the operation may run, the
+// completion before the response may be sent. Concurrent writers share
+// syncs through a group commit, and each keeps its key's stripe lock until
+// its own write is durable, so nobody reads a claim that a crash could
+// still take back. A failure to write or sync the log ends the process:
+// carrying on could acknowledge a write that is not on disk.
+//
+// # Crashes and unknown outcomes
+//
+// A crash leaves claims in progress. They are never re-run on their own and
+// never turned into a made-up success: once their lease runs out, DB.Overdue
+// lists them, Options.Reconcile gets a lease on each to record what really
+// happened, and until then a retry gets ErrOutcomePending. DownstreamKey
+// gives the deterministic key to forward to a payment provider, so that a
+// reconciler asking again is deduplicated there too.
+//
+// # Expiry
+//
+// Records expire after Options.TTL (per endpoint with Options.EndpointTTL,
+// per claim with WithTTL). Expired records read as absent at once; the
+// sweeper in package compaction deletes them with their index entries and
+// body chunks, then compacts the cleared spans so the disk shrinks again.
+//
+// # Canonical requests
+//
+// Request.Fingerprint hashes method, path, tenant, media type and the
+// canonical body: JSON members sorted, whitespace dropped, numbers compared
+// by exact decimal value, volatile members left out. Two re-serializations
+// of one request share a fingerprint; two different amounts never do.
 package idem
