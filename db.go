@@ -206,6 +206,23 @@ func (db *DB) stripe(rk []byte) *stripe {
 	return &db.stripes[maphash.Bytes(db.seed, rk)%numStripes]
 }
 
+// begin starts an operation on the record under rk: it enters the DB and
+// takes rk's stripe. The caller must call db.end with the stripe.
+func (db *DB) begin(rk []byte) (*stripe, error) {
+	if _, err := db.enter(); err != nil {
+		return nil, err
+	}
+	st := db.stripe(rk)
+	st.Lock()
+	return st, nil
+}
+
+// end finishes what begin started.
+func (db *DB) end(st *stripe) {
+	st.Unlock()
+	db.ops.RUnlock()
+}
+
 // lockKeys locks the stripes of every record key in rks, each once and in
 // ascending order, so two multi-key lockers cannot deadlock.
 func (db *DB) lockKeys(rks [][]byte) (unlock func()) {
@@ -267,16 +284,12 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint, opts ...ClaimO
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	exit, err := db.enter()
+	rk := s.recordKey()
+	mu, err := db.begin(rk)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer exit()
-
-	rk := s.recordKey()
-	mu := db.stripe(rk)
-	mu.Lock()
-	defer mu.Unlock()
+	defer db.end(mu)
 	now := db.now()
 	old, live, err := db.readLocked(rk, now)
 	if err != nil {
@@ -491,16 +504,13 @@ func (db *DB) Get(ctx context.Context, s Scope) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	exit, err := db.enter()
+	rk := s.recordKey()
+	// The stripe keeps Get from seeing a write whose sync is still running.
+	mu, err := db.begin(rk)
 	if err != nil {
 		return nil, err
 	}
-	defer exit()
-	rk := s.recordKey()
-	// The stripe keeps Get from seeing a write whose sync is still running.
-	mu := db.stripe(rk)
-	mu.Lock()
-	defer mu.Unlock()
+	defer db.end(mu)
 	rec, live, err := db.readLocked(rk, db.now())
 	if err != nil {
 		return nil, err

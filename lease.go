@@ -124,14 +124,11 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	db := l.db
-	exit, err := db.enter()
+	mu, err := db.begin(l.rk)
 	if err != nil {
 		return err
 	}
-	defer exit()
-	mu := db.stripe(l.rk)
-	mu.Lock()
-	defer mu.Unlock()
+	defer db.end(mu)
 	now := db.now()
 	// The record is still this lease's exactly when it is in progress and
 	// its stored value is the one the lease last wrote: any other writer

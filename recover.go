@@ -154,15 +154,12 @@ var errNotOverdue = errors.New("idem: record is not overdue")
 
 // takeOver gives an overdue in-progress record a new lease.
 func (db *DB) takeOver(s Scope) (*Lease, error) {
-	exit, err := db.enter()
+	rk := s.recordKey()
+	mu, err := db.begin(rk)
 	if err != nil {
 		return nil, err
 	}
-	defer exit()
-	rk := s.recordKey()
-	mu := db.stripe(rk)
-	mu.Lock()
-	defer mu.Unlock()
+	defer db.end(mu)
 	now := db.now()
 	cur, live, err := db.readLocked(rk, now)
 	if err != nil {
