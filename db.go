@@ -181,16 +181,18 @@ func (db *DB) Close() error {
 	return db.closeErr
 }
 
-// enter starts an operation; the caller must call the returned function
-// when done. It fails once Close has begun.
-func (db *DB) enter() (func(), error) {
+// enter starts an operation; the caller must call exit when done. It fails
+// once Close has begun.
+func (db *DB) enter() error {
 	db.ops.RLock()
 	if db.closed {
 		db.ops.RUnlock()
-		return nil, ErrClosed
+		return ErrClosed
 	}
-	return db.ops.RUnlock, nil
+	return nil
 }
+
+func (db *DB) exit() { db.ops.RUnlock() }
 
 // stripe guards the records whose keys hash to it: every read that must
 // see only durable state and every write of such a record holds it.
@@ -209,7 +211,7 @@ func (db *DB) stripe(rk []byte) *stripe {
 // begin starts an operation on the record under rk: it enters the DB and
 // takes rk's stripe. The caller must call db.end with the stripe.
 func (db *DB) begin(rk []byte) (*stripe, error) {
-	if _, err := db.enter(); err != nil {
+	if err := db.enter(); err != nil {
 		return nil, err
 	}
 	st := db.stripe(rk)
@@ -220,7 +222,7 @@ func (db *DB) begin(rk []byte) (*stripe, error) {
 // end finishes what begin started.
 func (db *DB) end(st *stripe) {
 	st.Unlock()
-	db.ops.RUnlock()
+	db.exit()
 }
 
 // lockKeys locks the stripes of every record key in rks, each once and in
@@ -394,30 +396,54 @@ func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) ([]byte, err
 		pv = pendingValue(rec)
 	}
 	return v, db.commits.commit(func(b *pebble.Batch) error {
-		var errs []error
+		w := batchOps{b: b}
 		if old != nil && old.chunks > 0 {
-			lo, hi := keys.ChunkSpan(rk)
-			errs = append(errs, b.DeleteRange(lo, hi, nil))
+			w.deleteRange(keys.ChunkSpan(rk))
 		}
 		for i := uint32(0); i < rec.chunks; i++ {
 			end := min(len(body), int(i+1)*chunkBytes)
-			errs = append(errs, b.Set(keys.AppendChunk(nil, rk, i), body[int(i)*chunkBytes:end], nil))
+			w.set(keys.AppendChunk(nil, rk, i), body[int(i)*chunkBytes:end])
 		}
 		if oldX != nil && !bytes.Equal(oldX, xk) {
-			errs = append(errs, b.Delete(oldX, nil))
+			w.delete(oldX)
 		}
 		if oldX == nil || !bytes.Equal(oldX, xk) {
-			errs = append(errs, b.Set(xk, nil, nil))
+			w.set(xk, nil)
 		}
 		if oldP != nil && !bytes.Equal(oldP, pk) {
-			errs = append(errs, b.Delete(oldP, nil))
+			w.delete(oldP)
 		}
 		if pk != nil {
-			errs = append(errs, b.Set(pk, pv, nil))
+			w.set(pk, pv)
 		}
-		errs = append(errs, b.Set(rk, v, nil))
-		return errors.Join(errs...)
+		w.set(rk, v)
+		return w.err
 	})
+}
+
+// batchOps adds operations to a batch and keeps the first error, so that a
+// sequence of writes reads as one.
+type batchOps struct {
+	b   *pebble.Batch
+	err error
+}
+
+func (w *batchOps) set(k, v []byte) {
+	if w.err == nil {
+		w.err = w.b.Set(k, v, nil)
+	}
+}
+
+func (w *batchOps) delete(k []byte) {
+	if w.err == nil {
+		w.err = w.b.Delete(k, nil)
+	}
+}
+
+func (w *batchOps) deleteRange(lo, hi []byte) {
+	if w.err == nil {
+		w.err = w.b.DeleteRange(lo, hi, nil)
+	}
 }
 
 // indexKeys returns rec's expiry-index key and, unless it is completed, its
@@ -433,24 +459,23 @@ func indexKeys(rk []byte, rec *Record) (xk, pk []byte) {
 // deleteLocked durably removes rec and everything that belongs to it.
 func (db *DB) deleteLocked(rk []byte, rec *Record) error {
 	db.stripe(rk).writes++
-	return db.commits.commit(func(b *pebble.Batch) error {
-		return errors.Join(deleteIndexes(b, rk, rec), b.Delete(rk, nil))
-	})
+	return db.commits.commit(func(b *pebble.Batch) error { return deleteAll(b, rk, rec) })
 }
 
-// deleteIndexes adds to b the removal of rec's index entries and body
-// chunks, but not of the record itself.
-func deleteIndexes(b *pebble.Batch, rk []byte, rec *Record) error {
+// deleteAll adds to b the removal of rec, its index entries and its body
+// chunks.
+func deleteAll(b *pebble.Batch, rk []byte, rec *Record) error {
+	w := batchOps{b: b}
 	xk, pk := indexKeys(rk, rec)
-	errs := []error{b.Delete(xk, nil)}
+	w.delete(xk)
 	if pk != nil {
-		errs = append(errs, b.Delete(pk, nil))
+		w.delete(pk)
 	}
 	if rec.chunks > 0 {
-		lo, hi := keys.ChunkSpan(rk)
-		errs = append(errs, b.DeleteRange(lo, hi, nil))
+		w.deleteRange(keys.ChunkSpan(rk))
 	}
-	return errors.Join(errs...)
+	w.delete(rk)
+	return w.err
 }
 
 // pendingValue is the 'p' index value: enough to count and age pending

@@ -55,11 +55,10 @@ type Metrics struct {
 // that are not completed (it reads the pending index), not with the size of
 // the store.
 func (db *DB) Metrics() (Metrics, error) {
-	exit, err := db.enter()
-	if err != nil {
+	if err := db.enter(); err != nil {
 		return Metrics{}, err
 	}
-	defer exit()
+	defer db.exit()
 	s := &db.stats
 	m := Metrics{
 		Claims: s.claims.Load(), Replays: s.replays.Load(), Conflicts: s.conflicts.Load(),
@@ -72,7 +71,7 @@ func (db *DB) Metrics() (Metrics, error) {
 	m.Swept, m.BytesReclaimed, m.Compactions = int64(sw.Records), sw.Bytes, int64(sw.Compactions)
 
 	now := db.now()
-	err = db.scanPending(time.Unix(0, 1<<63-1), func(e pendingEntry) bool {
+	err := db.scanPending(time.Unix(0, 1<<63-1), func(e pendingEntry) bool {
 		switch e.state {
 		case StateInProgress:
 			m.InProgress++

@@ -58,14 +58,13 @@ func (db *DB) scanPending(until time.Time, fn func(pendingEntry) bool) error {
 // working on them, and they are never re-executed on their own: they wait
 // for Options.Reconcile or an operator.
 func (db *DB) Overdue(ctx context.Context, limit int) ([]*Record, error) {
-	exit, err := db.enter()
-	if err != nil {
+	if err := db.enter(); err != nil {
 		return nil, err
 	}
-	defer exit()
+	defer db.exit()
 	now := db.now()
 	var rks [][]byte
-	err = db.scanPending(now.Add(1), func(e pendingEntry) bool {
+	err := db.scanPending(now.Add(1), func(e pendingEntry) bool {
 		if e.state == StateInProgress {
 			rks = append(rks, e.rk)
 		}

@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -29,11 +28,10 @@ type SweepResult = compaction.Result
 // background loop calls it every Options.SweepInterval; tests and tools
 // call it directly.
 func (db *DB) Sweep(ctx context.Context) (SweepResult, error) {
-	exit, err := db.enter()
-	if err != nil {
+	if err := db.enter(); err != nil {
 		return SweepResult{}, err
 	}
-	defer exit()
+	defer db.exit()
 	return db.sweeper.Sweep(ctx, db.now().UnixNano())
 }
 
@@ -45,7 +43,7 @@ func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, error)
 		return 0, err
 	}
 	db.stripe(rk).writes++
-	if err := errors.Join(deleteIndexes(b, rk, rec), b.Delete(rk, nil)); err != nil {
+	if err := deleteAll(b, rk, rec); err != nil {
 		return 0, err
 	}
 	return rec.storedLen + rec.BodyLen*int64(min(rec.chunks, 1)), nil

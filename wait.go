@@ -82,24 +82,20 @@ func (db *DB) Wait(ctx context.Context, s Scope) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	exit, err := db.enter()
+	rk := s.recordKey()
+	mu, err := db.begin(rk)
 	if err != nil {
 		return err
 	}
-	rk := s.recordKey()
-	mu := db.stripe(rk)
-	mu.Lock()
 	now := db.now()
 	rec, live, err := db.readLocked(rk, now)
 	if err != nil || !live || rec.State != StateInProgress || !now.Before(rec.LeaseUntil) {
-		mu.Unlock()
-		exit()
+		db.end(mu)
 		return err
 	}
 	ch := db.waiting.add(rk)
-	mu.Unlock()
 	// Close must not wait for sleepers: leave the operation before waiting.
-	exit()
+	db.end(mu)
 	select {
 	case <-ch:
 		return nil

@@ -20,6 +20,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"slices"
 )
 
 // Family tags.
@@ -88,6 +89,7 @@ func TenantPrefix(tenant string, all bool) []byte {
 // AppendIndex appends an index key of family tag ('x' or 'p') at time t
 // (Unix nanoseconds) for the record key rk.
 func AppendIndex(dst []byte, tag byte, t int64, rk []byte) []byte {
+	dst = slices.Grow(dst, 9+len(rk))
 	dst = append(dst, tag)
 	dst = binary.BigEndian.AppendUint64(dst, timeBits(t))
 	return append(dst, rk...)
@@ -117,6 +119,7 @@ func timeBits(t int64) uint64 { return uint64(t) ^ signBit }
 
 // AppendChunk appends the key of body chunk i of record rk.
 func AppendChunk(dst, rk []byte, i uint32) []byte {
+	dst = slices.Grow(dst, 5+len(rk))
 	dst = append(dst, TagBody)
 	dst = append(dst, rk...)
 	return binary.BigEndian.AppendUint32(dst, i)
