@@ -97,6 +97,11 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.MustExist {
+		if desc, err := pebble.Peek(dir, o.FS); err != nil || !desc.Exists {
+			return nil, fmt.Errorf("%w: %s", ErrNoStore, dir)
+		}
+	}
 	if err := o.FS.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("idem: create data directory: %w", err)
 	}
@@ -273,6 +278,7 @@ func (db *DB) readLocked(rk []byte, now time.Time) (rec *Record, live bool, err 
 // ErrOutcomePending (an earlier attempt must be resolved first). Exactly one
 // of the lease, the record and the error is non-nil.
 func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint, opts ...ClaimOption) (*Lease, *Record, error) {
+	start := db.opts.Now()
 	if err := s.Validate(); err != nil {
 		return nil, nil, err
 	}
@@ -298,7 +304,7 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint, opts ...ClaimO
 		return nil, nil, err
 	}
 	if live {
-		rec, err := db.answerLocked(rk, s, old, fp, now)
+		rec, err := db.answerLocked(rk, s, old, fp, now, start)
 		return nil, rec, err
 	}
 
@@ -322,7 +328,8 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint, opts ...ClaimO
 		return nil, nil, err
 	}
 	db.stats.claims.Add(1)
-	return &Lease{db: db, rk: rk, scope: s, rec: *rec, val: v, writes: mu.writes}, nil, nil
+	db.event(EventClaimed, s, rec, db.since(start))
+	return &Lease{db: db, rk: rk, scope: s, rec: *rec, val: v, writes: mu.writes, start: start}, nil, nil
 }
 
 // A ClaimOption adjusts one claim.
@@ -344,15 +351,19 @@ func (db *DB) Options() Options {
 	return o
 }
 
-// answerLocked decides what a claim of a live record gets.
-func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now time.Time) (*Record, error) {
+// answerLocked decides what a claim of a live record gets; the claim
+// began at start.
+func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now, start time.Time) (*Record, error) {
 	rec.Scope = s
-	refuse := func(err error, retry time.Duration) error {
+	refuse := func(event string, err error, retry time.Duration) error {
+		db.event(event, s, rec, db.since(start))
 		return &KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: s.Tenant, Endpoint: s.Endpoint}
 	}
 	if rec.Fingerprint != fp {
 		db.stats.mismatches.Add(1)
-		return nil, refuse(ErrFingerprintMismatch, 0)
+		// The event shows the stored fingerprint: the one a client keeps
+		// colliding with is what a person debugging the 422 looks for.
+		return nil, refuse(EventMismatch, ErrFingerprintMismatch, 0)
 	}
 	switch {
 	case rec.State == StateCompleted:
@@ -360,13 +371,14 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now 
 			return nil, err
 		}
 		db.stats.replays.Add(1)
+		db.event(EventReplayed, s, rec, db.since(start))
 		return rec, nil
 	case rec.State == StateInProgress && now.Before(rec.LeaseUntil):
 		db.stats.conflicts.Add(1)
-		return nil, refuse(ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
+		return nil, refuse(EventConflict, ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
 	default:
 		db.stats.pending.Add(1)
-		return nil, refuse(ErrOutcomePending, 0)
+		return nil, refuse(EventPending, ErrOutcomePending, 0)
 	}
 }
 

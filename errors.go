@@ -24,6 +24,9 @@ var (
 	ErrLeaseLost = errors.New("idem: lease lost")
 	// ErrNotFound: no live record exists for the scope.
 	ErrNotFound = errors.New("idem: record not found")
+	// ErrCompleted: the record already holds a response, which is never
+	// overwritten; returned by TakeOver.
+	ErrCompleted = errors.New("idem: record already completed")
 	// ErrClosed: the DB has been closed.
 	ErrClosed = errors.New("idem: database closed")
 	// ErrInvalidScope: the tenant, endpoint or key is empty or too long.
@@ -36,6 +39,9 @@ var (
 	// ErrLocked: another DB handle, in this process or another, holds the
 	// directory.
 	ErrLocked = errors.New("idem: data directory is in use")
+	// ErrNoStore: Open with Options.MustExist found no store in the
+	// directory.
+	ErrNoStore = errors.New("idem: no store in directory")
 	// ErrCorrupt: a stored value or the schema marker cannot be decoded.
 	ErrCorrupt = errCorrupt
 )

@@ -28,6 +28,8 @@ type Lease struct {
 	rk    []byte
 	scope Scope
 
+	start time.Time // when the lease was granted, from Options.Now
+
 	mu     sync.Mutex
 	rec    Record // guarded by mu: the record as this lease last wrote it
 	val    []byte // guarded by mu: rec's stored value
@@ -151,6 +153,9 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 		}
 		db.stats.releases.Add(1)
 		db.waiting.wake(l.rk)
+		gone := *cur
+		gone.State = 0 // the event reports the state after the transition
+		db.event(EventReleased, l.scope, &gone, db.since(l.start))
 		l.rec.State, l.val = 0, nil
 		return nil
 	}
@@ -168,10 +173,13 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 	switch next.State {
 	case StateCompleted:
 		db.stats.completions.Add(1)
+		db.event(EventCompleted, l.scope, &next, db.since(l.start))
 	case StateUnknown:
 		db.stats.unknowns.Add(1)
+		db.event(EventUnknown, l.scope, &next, db.since(l.start))
 	case StateFailed:
 		db.stats.failures.Add(1)
+		db.event(EventFailed, l.scope, &next, db.since(l.start))
 	}
 	l.rec, l.val, l.writes = next, v, mu.writes
 	return nil

@@ -1,8 +1,16 @@
 package idem
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/idemkv/idem/internal/keys"
 )
 
 // counters are the DB's lifetime event counts.
@@ -34,6 +42,10 @@ type Metrics struct {
 	UnknownRecords   int64
 	FailedRecords    int64
 
+	// Expired counts the records past their TTL that the sweeper has not
+	// deleted yet. Reads already treat them as absent.
+	Expired int64
+
 	// Expiry since Open.
 	Swept          int64 // expired records deleted
 	BytesReclaimed int64 // their size, body chunks included
@@ -52,8 +64,9 @@ type Metrics struct {
 }
 
 // Metrics returns a snapshot. Its cost grows with the number of records
-// that are not completed (it reads the pending index), not with the size of
-// the store.
+// that are not completed or have expired unswept (it reads the pending
+// index and the due part of the expiry index), not with the size of the
+// store.
 func (db *DB) Metrics() (Metrics, error) {
 	if err := db.enter(); err != nil {
 		return Metrics{}, err
@@ -89,10 +102,50 @@ func (db *DB) Metrics() (Metrics, error) {
 	if err != nil {
 		return m, err
 	}
+	if m.Expired, err = db.countExpired(now); err != nil {
+		return m, err
+	}
 	pm := db.pdb.Metrics()
 	m.DiskBytes = pm.DiskSpaceUsage()
 	m.PebbleCompactions = pm.Compact.Count
 	m.PebbleFlushes = pm.Flush.Count
 	m.ReadAmp = pm.ReadAmp()
 	return m, nil
+}
+
+// countExpired counts the expiry-index entries due by now. Sweeps retire
+// the index spans they walk, so every entry left is a record still stored.
+func (db *DB) countExpired(now time.Time) (int64, error) {
+	it, err := db.pdb.NewIter(&pebble.IterOptions{
+		LowerBound: keys.IndexBound(keys.TagExpiry, math.MinInt64),
+		UpperBound: keys.IndexBound(keys.TagExpiry, now.UnixNano()+1),
+	})
+	if err != nil {
+		return 0, fmt.Errorf("idem: read expiry index: %w", err)
+	}
+	var n int64
+	for ok := it.First(); ok; ok = it.Next() {
+		n++
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return 0, fmt.Errorf("idem: read expiry index: %w", err)
+	}
+	return n, nil
+}
+
+// Ping reports whether the store can be read: it fails once the DB is
+// closed or when the disk returns errors. Health checks call it.
+func (db *DB) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := db.enter(); err != nil {
+		return err
+	}
+	defer db.exit()
+	_, closer, err := db.pdb.Get(keys.Schema)
+	if err != nil {
+		return fmt.Errorf("idem: read schema version: %w", err)
+	}
+	return closer.Close()
 }

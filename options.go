@@ -84,6 +84,23 @@ type Options struct {
 	// failures). Pebble's informational lines are never passed on.
 	// Default: slog.Default().
 	Logger *slog.Logger
+
+	// Events receives one Info record per state transition of a record:
+	// claimed, replayed, conflict, mismatch, pending, completed, released,
+	// unknown, failed, taken_over, reconciled and swept. Each carries the
+	// tenant, the endpoint, a hash of the key (never the key itself), a
+	// fingerprint prefix, the state, the response status when there is
+	// one, and the latency: how long the claim took for claim-time events,
+	// how long the lease had run for the events that end one. It is
+	// separate from Logger because it speaks once per request. Default:
+	// none.
+	Events *slog.Logger
+
+	// MustExist makes Open fail with ErrNoStore when dir holds no store,
+	// instead of creating one: tools that inspect a store set it, so a
+	// mistyped path is an error rather than a new empty store.
+	// Default: false.
+	MustExist bool
 }
 
 // withDefaults returns a validated copy of o with every default filled in.

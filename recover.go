@@ -129,9 +129,9 @@ func (db *DB) Reconcile(ctx context.Context) (ReconcileResult, error) {
 		if db.opts.Reconcile == nil {
 			continue
 		}
-		l, err := db.takeOver(rec.Scope)
-		if errors.Is(err, errNotOverdue) {
-			continue
+		l, err := db.takeOver(rec.Scope, overdueOnly)
+		if errors.Is(err, errNotOverdue) || errors.Is(err, ErrNotFound) {
+			continue // resolved or expired since Overdue read it
 		}
 		if err != nil {
 			return res, err
@@ -141,9 +141,10 @@ func (db *DB) Reconcile(ctx context.Context) (ReconcileResult, error) {
 				"endpoint", rec.Scope.Endpoint, "key_hash", KeyHash(rec.Scope.Key), "err", err)
 			continue
 		}
-		if l.Record().State != StateInProgress {
+		if after := l.Record(); after.State != StateInProgress {
 			res.Resolved++
 			db.stats.reconciled.Add(1)
+			db.event(EventReconciled, rec.Scope, &after, db.since(l.start))
 		}
 	}
 	return res, nil
@@ -151,8 +152,56 @@ func (db *DB) Reconcile(ctx context.Context) (ReconcileResult, error) {
 
 var errNotOverdue = errors.New("idem: record is not overdue")
 
-// takeOver gives an overdue in-progress record a new lease.
-func (db *DB) takeOver(s Scope) (*Lease, error) {
+// TakeOver gives the caller a new lease on a record whose earlier attempt
+// is stuck, so that it can record what really happened: Complete it with
+// the real outcome, Release it if the operation provably did not commit,
+// or MarkUnknown it. It is the operator's way out of ErrOutcomePending
+// (idem resolve) and works on unknown and failed records and on in-progress
+// ones whose lease has run out. The old lease, if anyone still holds it,
+// gets ErrLeaseLost from then on.
+//
+// It fails with ErrNotFound when there is no live record, ErrCompleted when
+// the record holds a response (never overwritten), and a *KeyError
+// matching ErrInProgress, whose RetryAfter is the rest of the lease, when
+// someone may still be running the operation.
+func (db *DB) TakeOver(ctx context.Context, s Scope) (*Lease, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return db.takeOver(s, stuck)
+}
+
+// A takeover rule says whether a live record may get a new lease at now.
+type takeoverRule func(s Scope, rec *Record, now time.Time) error
+
+// overdueOnly admits in-progress records past their lease: what the
+// reconciler looks at.
+func overdueOnly(_ Scope, rec *Record, now time.Time) error {
+	if rec.State != StateInProgress || now.Before(rec.LeaseUntil) {
+		return errNotOverdue
+	}
+	return nil
+}
+
+// stuck admits every record whose outcome is not settled and that nobody
+// is working on.
+func stuck(s Scope, rec *Record, now time.Time) error {
+	switch {
+	case rec.State == StateCompleted:
+		return fmt.Errorf("%w (tenant %q, endpoint %q)", ErrCompleted, s.Tenant, s.Endpoint)
+	case rec.State == StateInProgress && now.Before(rec.LeaseUntil):
+		return &KeyError{Err: ErrInProgress, State: rec.State, RetryAfter: rec.LeaseUntil.Sub(now), Tenant: s.Tenant, Endpoint: s.Endpoint}
+	}
+	return nil
+}
+
+// takeOver gives the record of s a new lease (a new token, Attempts+1) if
+// rule admits it.
+func (db *DB) takeOver(s Scope, rule takeoverRule) (*Lease, error) {
+	start := db.opts.Now()
 	rk := s.recordKey()
 	mu, err := db.begin(rk)
 	if err != nil {
@@ -164,8 +213,11 @@ func (db *DB) takeOver(s Scope) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !live || cur.State != StateInProgress || now.Before(cur.LeaseUntil) {
-		return nil, errNotOverdue
+	if !live {
+		return nil, ErrNotFound
+	}
+	if err := rule(s, cur, now); err != nil {
+		return nil, err
 	}
 	token, err := uuid.NewRandom()
 	if err != nil {
@@ -174,6 +226,7 @@ func (db *DB) takeOver(s Scope) (*Lease, error) {
 	next := *cur
 	next.Scope = s
 	next.token = token
+	next.State = StateInProgress
 	next.UpdatedAt = now
 	next.LeaseUntil = now.Add(db.opts.Lease)
 	next.Attempts++
@@ -181,7 +234,8 @@ func (db *DB) takeOver(s Scope) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Lease{db: db, rk: rk, scope: s, rec: next, val: v, writes: mu.writes}, nil
+	db.event(EventTakenOver, s, &next, -1)
+	return &Lease{db: db, rk: rk, scope: s, rec: next, val: v, writes: mu.writes, start: start}, nil
 }
 
 // KeyHash returns a short, stable digest of an idempotency key, for logs

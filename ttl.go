@@ -7,6 +7,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/idemkv/idem/compaction"
+	"github.com/idemkv/idem/internal/keys"
 )
 
 // Expiry works in three layers, so that correctness never waits for
@@ -32,7 +33,49 @@ func (db *DB) Sweep(ctx context.Context) (SweepResult, error) {
 		return SweepResult{}, err
 	}
 	defer db.exit()
-	return db.sweeper.Sweep(ctx, db.now().UnixNano())
+	return db.sweeper.Sweep(ctx, db.now().UnixNano(), nil)
+}
+
+// CompactProgress says how far DB.Compact has come: Done out of Total
+// expired records walked in the "sweep" phase, then key families compacted
+// in the "compact" phase.
+type CompactProgress struct {
+	Phase       string
+	Done, Total int64
+}
+
+// Compact sweeps every expired record and then compacts the whole store,
+// so that the space they held leaves the disk now instead of when
+// Options.CompactBytes is reached. progress, when not nil, is called after
+// each step. It is for tools (idem compact); a running service leaves the
+// work to the background loop.
+func (db *DB) Compact(ctx context.Context, progress func(CompactProgress)) (SweepResult, error) {
+	if err := db.enter(); err != nil {
+		return SweepResult{}, err
+	}
+	defer db.exit()
+	report := func(phase string, done, total int64) {
+		if progress != nil {
+			progress(CompactProgress{Phase: phase, Done: done, Total: total})
+		}
+	}
+	now := db.now()
+	total, err := db.countExpired(now)
+	if err != nil {
+		return SweepResult{}, err
+	}
+	report("sweep", 0, total)
+	res, err := db.sweeper.Sweep(ctx, now.UnixNano(), func(walked int) {
+		// The background loop may have swept some of them already, and
+		// nothing else can join a span that ends at now.
+		report("sweep", int64(walked), max(total, int64(walked)))
+	})
+	if err != nil {
+		return res, err
+	}
+	n, err := db.sweeper.CompactAll(ctx, func(done, total int) { report("compact", int64(done), int64(total)) })
+	res.Compactions += n
+	return res, err
 }
 
 // expireLocked is the sweeper's Expire hook: it re-reads the record under
@@ -45,6 +88,10 @@ func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, error)
 	db.stripe(rk).writes++
 	if err := deleteAll(b, rk, rec); err != nil {
 		return 0, err
+	}
+	if db.opts.Events != nil {
+		rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, _ = keys.ParseRecord(rk)
+		db.event(EventSwept, rec.Scope, rec, -1)
 	}
 	return rec.storedLen + rec.BodyLen*int64(min(rec.chunks, 1)), nil
 }

@@ -70,18 +70,25 @@ func (s *Sweeper) Totals() Result {
 
 type entry struct{ xk, rk []byte }
 
+// families are the key families CompactAll compacts: all but the schema
+// marker.
+var families = []byte{keys.TagBody, keys.TagPending, keys.TagRecord, keys.TagExpiry}
+
 // Sweep deletes every record that expired by now (Unix ns), in steps of a
 // bounded size, then compacts the swept spans if enough bytes are owed.
+// progress, when not nil, is called after each step with the number of
+// expiry-index entries walked so far.
 //
 // Each step deletes its records, their other index entries and body chunks,
 // and the whole expiry-index span it walked, in one batch under the records'
 // locks. Retiring the span with one range deletion is safe because a new
 // claim's expiry lies after its own clock reading plus a positive TTL, so
 // it can never land in a span that already ended at or before now.
-func (s *Sweeper) Sweep(ctx context.Context, now int64) (Result, error) {
+func (s *Sweeper) Sweep(ctx context.Context, now int64, progress func(walked int)) (Result, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var res Result
+	walked := 0
 	lo := keys.IndexBound(keys.TagExpiry, math.MinInt64)
 	hi := keys.IndexBound(keys.TagExpiry, now+1)
 	if now == math.MaxInt64 {
@@ -100,6 +107,9 @@ func (s *Sweeper) Sweep(ctx context.Context, now int64) (Result, error) {
 			return res, err
 		}
 		lo = end
+		if walked += len(batch); progress != nil {
+			progress(walked)
+		}
 	}
 }
 
@@ -196,4 +206,25 @@ func (s *Sweeper) maybeCompact(ctx context.Context, res *Result) error {
 	}
 	s.owed, s.lo, s.hi = 0, nil, nil
 	return nil
+}
+
+// CompactAll compacts every key family in turn, whatever is owed, calling
+// progress, when not nil, after each with how many are done out of how
+// many, and returns how many compactions it ran. Tools call it to return
+// the space of swept records to the disk at once.
+func (s *Sweeper) CompactAll(ctx context.Context, progress func(done, total int)) (compactions int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, tag := range families {
+		lo, hi := keys.FamilySpan(tag)
+		if err := s.DB.Compact(ctx, lo, hi, true); err != nil {
+			return i, fmt.Errorf("compaction: compact %q family: %w", tag, err)
+		}
+		s.compactions.Add(1)
+		if progress != nil {
+			progress(i+1, len(families))
+		}
+	}
+	s.owed, s.lo, s.hi = 0, nil, nil
+	return len(families), nil
 }

@@ -96,7 +96,33 @@ type Options struct {
 
 	// Logger receives failures to store outcomes. Default: slog.Default().
 	Logger *slog.Logger
+
+	// Observe, when set, is called once for each request that needs a key,
+	// after its answer was written, with what the middleware did: for
+	// metrics such as the replay ratio and the 409 and 422 rates. It runs
+	// on the request's goroutine, so it must be quick. Default: none.
+	Observe func(Observation)
 }
+
+// Observation is what the middleware did with one request.
+type Observation struct {
+	// Endpoint is the endpoint as Options.Endpoint names it.
+	Endpoint string
+	// Outcome is OutcomeExecuted, OutcomeReplayed, or the code of the
+	// problem the request was refused with (CodeInProgress, CodeKeyReuse,
+	// ...).
+	Outcome string
+	// Status is the status the client got.
+	Status int
+	// Duration is how long the middleware took, the handler included.
+	Duration time.Duration
+}
+
+// The outcomes of an Observation that are not refusals.
+const (
+	OutcomeExecuted = "executed" // the handler ran and its response was stored (or the key released)
+	OutcomeReplayed = "replayed" // the stored response was sent again
+)
 
 // middleware is the validated configuration behind the handler.
 type middleware struct {
@@ -236,30 +262,37 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
+	start := time.Now()
+	endpoint := m.opts.Endpoint(r)
+	result, status := m.handle(w, r, next, endpoint)
+	if m.opts.Observe != nil {
+		m.opts.Observe(Observation{Endpoint: endpoint, Outcome: result, Status: status, Duration: time.Since(start)})
+	}
+}
+
+// handle answers a request that needs a key and returns its result, as
+// Observation names it, and the status the client got.
+func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Handler, endpoint string) (result string, status int) {
 	key, err := m.readKey(r)
 	if err != nil {
 		code := CodeKeyInvalid
 		if errors.Is(err, errKeyMissing) {
 			code = CodeKeyMissing
 		}
-		writeProblem(w, Problem{Status: http.StatusBadRequest, Code: code, Detail: err.Error()}, 0)
-		return
+		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: code, Detail: err.Error()}, 0)
 	}
 	w.Header().Set(headerKey, key)
 	tenant, err := m.opts.Tenant(r)
 	if err != nil {
-		writeProblem(w, Problem{Status: http.StatusUnauthorized, Code: CodeTenantMissing, Detail: err.Error()}, 0)
-		return
+		return writeProblem(w, Problem{Status: http.StatusUnauthorized, Code: CodeTenantMissing, Detail: err.Error()}, 0)
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
 	if err != nil {
-		writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeBodyInvalid, Detail: "reading the request body: " + err.Error()}, 0)
-		return
+		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeBodyInvalid, Detail: "reading the request body: " + err.Error()}, 0)
 	}
 	if int64(len(body)) > m.opts.MaxRequestBytes {
-		writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: CodePayloadTooLarge,
+		return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: CodePayloadTooLarge,
 			Detail: fmt.Sprintf("the request body is larger than %d bytes", m.opts.MaxRequestBytes)}, 0)
-		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	path := r.URL.EscapedPath()
@@ -275,10 +308,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if errors.As(err, &be) {
 			p.BodyError, p.BodyOffset = be.Code, &be.Offset
 		}
-		writeProblem(w, p, 0)
-		return
+		return writeProblem(w, p, 0)
 	}
-	endpoint := m.opts.Endpoint(r)
 	scope := idem.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
 	var claimOpts []idem.ClaimOption
 	if ttl, ok := m.opts.TTL[endpoint]; ok {
@@ -296,38 +327,38 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	switch {
 	case err != nil:
-		m.refuse(w, err)
+		return m.refuse(w, err)
 	case replay != nil:
-		m.replay(w, replay)
+		return m.replay(w, replay)
 	default:
-		m.execute(w, r, next, lease)
+		return m.execute(w, r, next, lease)
 	}
 }
 
 // refuse answers a claim that did not get the key.
-func (m *middleware) refuse(w http.ResponseWriter, err error) {
+func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, status int) {
 	var ke *idem.KeyError
 	switch {
 	case errors.Is(err, idem.ErrFingerprintMismatch):
-		writeProblem(w, Problem{Status: m.opts.MismatchStatus, Code: CodeKeyReuse,
+		return writeProblem(w, Problem{Status: m.opts.MismatchStatus, Code: CodeKeyReuse,
 			Detail: "this idempotency key was used for a different request; use a new key for a new operation"}, 0)
 	case errors.Is(err, idem.ErrInProgress) && errors.As(err, &ke):
-		writeProblem(w, Problem{Status: http.StatusConflict, Code: CodeInProgress,
+		return writeProblem(w, Problem{Status: http.StatusConflict, Code: CodeInProgress,
 			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
 	case errors.Is(err, idem.ErrOutcomePending):
-		writeProblem(w, Problem{Status: http.StatusConflict, Code: CodeOutcomePending,
+		return writeProblem(w, Problem{Status: http.StatusConflict, Code: CodeOutcomePending,
 			Detail: "an earlier attempt with this idempotency key has an outcome that is not known yet; it is being reconciled"}, 0)
 	case errors.Is(err, idem.ErrInvalidScope):
-		writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeKeyInvalid, Detail: err.Error()}, 0)
+		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeKeyInvalid, Detail: err.Error()}, 0)
 	default:
 		m.opts.Logger.Error("idemhttp: claim failed", "err", err)
-		writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
+		return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
 			Detail: "the idempotency store is unavailable; retry with the same key"}, time.Second)
 	}
 }
 
 // replay answers with the stored response, verbatim.
-func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) {
+func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) (result string, status int) {
 	h := w.Header()
 	for k, vs := range rec.Response.Header {
 		if !hopByHop[k] {
@@ -340,10 +371,11 @@ func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) {
 	}
 	w.WriteHeader(rec.Response.Status)
 	w.Write(rec.Response.Body)
+	return OutcomeReplayed, rec.Response.Status
 }
 
 // execute runs the handler under the lease and stores its outcome.
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, lease *idem.Lease) {
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, lease *idem.Lease) (result string, status int) {
 	out := &outcome{}
 	// A client that disconnects must not cancel the operation: its retry
 	// should find the finished result, not a half-done one.
@@ -367,6 +399,8 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		}
 	}()
 	next.ServeHTTP(rec, r.WithContext(ctx))
+	status, _, _ = rec.response()
+	return OutcomeExecuted, status
 }
 
 // end logs an outcome that could not be stored. The record stays in

@@ -39,8 +39,10 @@ type Problem struct {
 }
 
 // writeProblem answers with p; retry, when positive, becomes Retry-After in
-// whole seconds, rounded up so that a client never comes back too early.
-func writeProblem(w http.ResponseWriter, p Problem, retry time.Duration) {
+// whole seconds, rounded up so that a client never comes back too early. It
+// returns p's code and status, which is what a refusal reports to
+// Options.Observe.
+func writeProblem(w http.ResponseWriter, p Problem, retry time.Duration) (code string, status int) {
 	p.Type = "about:blank"
 	p.Title = http.StatusText(p.Status)
 	h := w.Header()
@@ -55,4 +57,5 @@ func writeProblem(w http.ResponseWriter, p Problem, retry time.Duration) {
 	_ = enc.Encode(p)
 	w.WriteHeader(p.Status)
 	w.Write(body.Bytes())
+	return p.Code, p.Status
 }

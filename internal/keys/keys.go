@@ -17,6 +17,7 @@
 package keys
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"math"
@@ -75,15 +76,30 @@ func ParseRecord(rk []byte) (tenant, endpoint, key string, err error) {
 	return parts[0], parts[1], parts[2], nil
 }
 
-// TenantPrefix returns the first bytes shared by every record key of tenant,
-// or of every record when all is true.
-func TenantPrefix(tenant string, all bool) []byte {
-	p := []byte{TagRecord, recordVersion}
-	if all {
-		return p
+// RecordSpan returns the span [lo, hi) of the record keys whose leading
+// parts are parts: none spans every record, one a tenant, two a tenant's
+// endpoint. Parts are length-prefixed as in a record key, so the span of
+// tenant "a" never holds tenant "ab".
+func RecordSpan(parts ...string) (lo, hi []byte) {
+	lo = []byte{TagRecord, recordVersion}
+	for _, p := range parts {
+		lo = binary.AppendUvarint(lo, uint64(len(p)))
+		lo = append(lo, p...)
 	}
-	p = binary.AppendUvarint(p, uint64(len(tenant)))
-	return append(p, tenant...)
+	return lo, prefixEnd(lo)
+}
+
+// prefixEnd returns the smallest key greater than every key that starts
+// with p. p never consists of 0xff bytes only: it starts with a tag.
+func prefixEnd(p []byte) []byte {
+	end := bytes.Clone(p)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] != 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
 }
 
 // AppendIndex appends an index key of family tag ('x' or 'p') at time t

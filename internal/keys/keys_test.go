@@ -69,12 +69,26 @@ func TestRecordKeyCollisionsThatNaiveJoinsAllow(t *testing.T) {
 	}
 }
 
-func TestTenantPrefixIsContiguous(t *testing.T) {
-	p := TenantPrefix("acme", false)
-	assert.True(t, bytes.HasPrefix(AppendRecord(nil, "acme", "e", "k"), p))
-	assert.False(t, bytes.HasPrefix(AppendRecord(nil, "acme2", "e", "k"), p))
-	assert.False(t, bytes.HasPrefix(AppendRecord(nil, "acm", "e", "k"), p))
-	assert.True(t, bytes.HasPrefix(AppendRecord(nil, "x", "e", "k"), TenantPrefix("", true)))
+func TestRecordSpanHoldsExactlyItsScope(t *testing.T) {
+	in := func(k, lo, hi []byte) bool { return bytes.Compare(lo, k) <= 0 && bytes.Compare(k, hi) < 0 }
+	lo, hi := RecordSpan("acme")
+	assert.True(t, in(AppendRecord(nil, "acme", "e", "k"), lo, hi))
+	assert.False(t, in(AppendRecord(nil, "acme2", "e", "k"), lo, hi))
+	assert.False(t, in(AppendRecord(nil, "acm", "e", "k"), lo, hi))
+
+	lo, hi = RecordSpan("acme", "POST /v1/payments")
+	assert.True(t, in(AppendRecord(nil, "acme", "POST /v1/payments", "k"), lo, hi))
+	assert.False(t, in(AppendRecord(nil, "acme", "POST /v1/payments/x", "k"), lo, hi))
+	assert.False(t, in(AppendRecord(nil, "acme", "POST /v1/refunds", "k"), lo, hi))
+
+	lo, hi = RecordSpan()
+	assert.True(t, in(AppendRecord(nil, "\xff\xff", "\xff", "\xff"), lo, hi))
+	assert.False(t, in(AppendIndex(nil, TagExpiry, 0, AppendRecord(nil, "t", "e", "k")), lo, hi))
+
+	// A part ending in 0xff bytes still gets a span that holds only it.
+	lo, hi = RecordSpan("a\xff")
+	assert.True(t, in(AppendRecord(nil, "a\xff", "\xff", "\xff"), lo, hi))
+	assert.False(t, in(AppendRecord(nil, "b", "e", "k"), lo, hi))
 }
 
 func TestParseRecordRejectsGarbage(t *testing.T) {
