@@ -35,8 +35,9 @@ func (f Filter) match(rec *Record, now time.Time) bool {
 		(f.Expired || now.Before(rec.ExpiresAt))
 }
 
-// Records returns the records f selects, in key order (tenant, endpoint,
-// key), for listings and operator tools. Each record has its scope;
+// Records returns the records f selects, for listings and operator tools,
+// in the store's order: by tenant, then endpoint, then key, each compared
+// by length first and then bytewise. Each record has its scope;
 // bodies stored inside the record are included, overflow bodies are not
 // read (Response.Body is nil, BodyLen says how long it is): use Get for
 // one record in full.

@@ -512,3 +512,44 @@ func TestKeyEchoedOnceEvenIfTheHandlerAddsIt(t *testing.T) {
 	assert.Equal(t, []string{"echo"}, first.Header.Values("Idempotency-Key"))
 	assert.Equal(t, []string{"echo"}, again.Header.Values("Idempotency-Key"))
 }
+
+func TestObserveReportsEachOutcome(t *testing.T) {
+	seen := make(chan idemhttp.Observation, 8)
+	e := setup(t, idemhttp.Options{Observe: func(o idemhttp.Observation) { seen <- o }})
+	next := func() idemhttp.Observation {
+		select {
+		case o := <-seen:
+			return o
+		default:
+			t.Fatal("the middleware answered without calling Observe first")
+			return idemhttp.Observation{}
+		}
+	}
+	steps := []struct {
+		method, path, body, key string
+		outcome                 string
+		status                  int
+	}{
+		{"POST", "/v1/payments", pay, "obs-1", idemhttp.OutcomeExecuted, http.StatusCreated},
+		{"POST", "/v1/payments", pay, "obs-1", idemhttp.OutcomeReplayed, http.StatusCreated},
+		{"POST", "/v1/payments", `{"amount":1}`, "obs-1", idemhttp.CodeKeyReuse, http.StatusUnprocessableEntity},
+		{"POST", "/v1/refunds", pay, "", idemhttp.CodeKeyMissing, http.StatusBadRequest},
+		{"POST", "/v1/refunds", `{"a":`, "obs-2", idemhttp.CodeBodyInvalid, http.StatusBadRequest},
+	}
+	for _, s := range steps {
+		var keys []string
+		if s.key != "" {
+			keys = append(keys, s.key)
+		}
+		resp, _ := e.call(s.method, s.path, "acme", s.body, keys...)
+		require.Equal(t, s.status, resp.StatusCode)
+		o := next()
+		assert.Equal(t, "POST "+s.path, o.Endpoint)
+		assert.Equal(t, s.outcome, o.Outcome)
+		assert.Equal(t, s.status, o.Status)
+		assert.Positive(t, o.Duration)
+	}
+	// Requests that need no key pass through unobserved.
+	e.call("GET", "/v1/payments/pay_1", "acme", "")
+	assert.Empty(t, seen)
+}

@@ -22,9 +22,15 @@ type command struct {
 // one line here.
 var commands = map[string]command{
 	"canon":       {"print the canonical form of a JSON document", runCanon},
+	"compact":     {"delete expired records and return their space to the disk now", runCompact},
 	"fingerprint": {"print the fingerprint of a request, to see why a retry got 422", runFingerprint},
+	"get":         {"show one record in full, or only its stored response body", runGet},
+	"inspect":     {"list records by tenant, endpoint, state and age", runInspect},
+	"keygen":      {"print new idempotency keys (uuid4, uuid7, ulid, token)", runKeygen},
 	"proxy":       {"put idempotency keys in front of an HTTP service in any language", runProxy},
+	"resolve":     {"settle a stuck or unknown record as released, unknown or completed", runResolve},
 	"serve":       {"run a demo payments API behind the idempotency middleware", runServe},
+	"stats":       {"summarize the store: records by state, stuck work, disk, health", runStats},
 }
 
 func main() {

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/idemkv/idem"
+)
+
+// storeStats is what idem stats reports, in the JSON it prints with
+// --json.
+type storeStats struct {
+	Records          int64            `json:"records"`
+	ByState          map[string]int64 `json:"by_state"`
+	Overdue          int64            `json:"overdue"`
+	OldestInProgress float64          `json:"oldest_in_progress_seconds"`
+	Expired          int64            `json:"expired_awaiting_sweep"`
+	DiskBytes        uint64           `json:"disk_bytes"`
+	ReadAmp          int              `json:"read_amplification"`
+}
+
+func runStats(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	data := fs.String("data", "./idem-data", "directory of the idempotency store")
+	asJSON := fs.Bool("json", false, "print one JSON object, for scripts")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: idem stats [--data DIR] [--json]
+
+Summarizes the store: live records by state, in-progress records past
+their lease (overdue) and the age of the oldest, expired records that the
+sweeper has not deleted yet, the space on disk and Pebble's health (read
+amplification: how many tables a read may visit). It reads every record
+once.
+
+The store must not be held by a running serve or proxy; while one runs,
+its /metrics endpoint reports the same figures.
+
+`)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return parseStatus(err)
+	}
+	if code := noArgs(fs, stderr); code != 0 {
+		return code
+	}
+	db, code := openExisting("stats", *data, false, stderr)
+	if db == nil {
+		return code
+	}
+	st := storeStats{ByState: map[string]int64{}}
+	for _, s := range []idem.State{idem.StateInProgress, idem.StateCompleted, idem.StateFailed, idem.StateUnknown} {
+		st.ByState[s.String()] = 0
+	}
+	// The pending index counts only unfinished records, so completed ones
+	// are counted here, by reading them.
+	for rec, err := range db.Records(context.Background(), idem.Filter{}) {
+		if err != nil {
+			fmt.Fprintf(stderr, "idem stats: %v\n", err)
+			return closeStore("stats", db, 1, stderr)
+		}
+		st.Records++
+		st.ByState[rec.State.String()]++
+	}
+	m, err := db.Metrics()
+	if err != nil {
+		fmt.Fprintf(stderr, "idem stats: %v\n", err)
+		return closeStore("stats", db, 1, stderr)
+	}
+	st.Overdue, st.OldestInProgress, st.Expired = m.Overdue, m.OldestInProgress.Seconds(), m.Expired
+	st.DiskBytes, st.ReadAmp = m.DiskBytes, m.ReadAmp
+	if *asJSON {
+		json.NewEncoder(stdout).Encode(st)
+		return closeStore("stats", db, 0, stderr)
+	}
+	fmt.Fprintf(stdout, "records          %d live\n", st.Records)
+	for _, s := range []idem.State{idem.StateCompleted, idem.StateInProgress, idem.StateUnknown, idem.StateFailed} {
+		fmt.Fprintf(stdout, "  %-14s %d\n", s, st.ByState[s.String()])
+	}
+	oldest := "-"
+	if m.OldestInProgress > 0 {
+		oldest = age(m.OldestInProgress)
+	}
+	fmt.Fprintf(stdout, "overdue          %d in progress past their lease\n", st.Overdue)
+	fmt.Fprintf(stdout, "oldest claim     %s in progress\n", oldest)
+	fmt.Fprintf(stdout, "expired          %d awaiting sweep (idem compact removes them now)\n", st.Expired)
+	fmt.Fprintf(stdout, "disk             %s\n", bytesIEC(st.DiskBytes))
+	health := "healthy"
+	if st.ReadAmp > healthyReadAmp {
+		health = "reads slowed by too many tables; idem compact merges them"
+	}
+	fmt.Fprintf(stdout, "read amp         %d (%s)\n", st.ReadAmp, health)
+	if st.Overdue > 0 || st.ByState["unknown"] > 0 || st.ByState["failed"] > 0 {
+		fmt.Fprintln(stdout, "\nNeeds attention: list with idem inspect --state in_progress --older-than 1m (or --state unknown,")
+		fmt.Fprintln(stdout, "--state failed) and settle each with idem resolve.")
+	}
+	return closeStore("stats", db, 0, stderr)
+}
+
+// healthyReadAmp is the read amplification past which stats calls the
+// store unhealthy: one whose compactions keep up stays well below it.
+const healthyReadAmp = 20
+
+// bytesIEC prints a byte count with a binary unit.
+func bytesIEC(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
