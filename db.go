@@ -328,7 +328,7 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint, opts ...ClaimO
 		return nil, nil, err
 	}
 	db.stats.claims.Add(1)
-	db.event(EventClaimed, s, rec, db.since(start))
+	db.event(EventClaimed, s, rec, start)
 	return &Lease{db: db, rk: rk, scope: s, rec: *rec, val: v, writes: mu.writes, start: start}, nil, nil
 }
 
@@ -356,7 +356,7 @@ func (db *DB) Options() Options {
 func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now, start time.Time) (*Record, error) {
 	rec.Scope = s
 	refuse := func(event string, err error, retry time.Duration) error {
-		db.event(event, s, rec, db.since(start))
+		db.event(event, s, rec, start)
 		return &KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: s.Tenant, Endpoint: s.Endpoint}
 	}
 	if rec.Fingerprint != fp {
@@ -371,7 +371,7 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now,
 			return nil, err
 		}
 		db.stats.replays.Add(1)
-		db.event(EventReplayed, s, rec, db.since(start))
+		db.event(EventReplayed, s, rec, start)
 		return rec, nil
 	case rec.State == StateInProgress && now.Before(rec.LeaseUntil):
 		db.stats.conflicts.Add(1)

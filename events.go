@@ -28,9 +28,9 @@ const (
 // enough to tell two requests apart in a log, too little to matter.
 const fingerprintPrefixBytes = 6
 
-// event sends one transition of rec, stored under s, to Options.Events.
-// latency is left out when negative.
-func (db *DB) event(name string, s Scope, rec *Record, latency time.Duration) {
+// event sends one transition of rec, stored under s, to Options.Events;
+// its latency is the time since start, left out for a zero start.
+func (db *DB) event(name string, s Scope, rec *Record, start time.Time) {
 	l := db.opts.Events
 	if l == nil || !l.Enabled(context.Background(), slog.LevelInfo) {
 		return
@@ -50,12 +50,8 @@ func (db *DB) event(name string, s Scope, rec *Record, latency time.Duration) {
 	if rec.Attempts > 1 {
 		attrs = append(attrs, slog.Int("attempts", int(rec.Attempts)))
 	}
-	if latency >= 0 {
-		attrs = append(attrs, slog.Duration("latency", latency))
+	if !start.IsZero() {
+		attrs = append(attrs, slog.Duration("latency", db.opts.Now().Sub(start)))
 	}
 	l.LogAttrs(context.Background(), slog.LevelInfo, "idem: "+name, attrs...)
 }
-
-// since is the latency an event reports for something that began at start,
-// as read from Options.Now.
-func (db *DB) since(start time.Time) time.Duration { return db.opts.Now().Sub(start) }

@@ -155,7 +155,7 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 		db.waiting.wake(l.rk)
 		gone := *cur
 		gone.State = 0 // the event reports the state after the transition
-		db.event(EventReleased, l.scope, &gone, db.since(l.start))
+		db.event(EventReleased, l.scope, &gone, l.start)
 		l.rec.State, l.val = 0, nil
 		return nil
 	}
@@ -173,13 +173,13 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 	switch next.State {
 	case StateCompleted:
 		db.stats.completions.Add(1)
-		db.event(EventCompleted, l.scope, &next, db.since(l.start))
+		db.event(EventCompleted, l.scope, &next, l.start)
 	case StateUnknown:
 		db.stats.unknowns.Add(1)
-		db.event(EventUnknown, l.scope, &next, db.since(l.start))
+		db.event(EventUnknown, l.scope, &next, l.start)
 	case StateFailed:
 		db.stats.failures.Add(1)
-		db.event(EventFailed, l.scope, &next, db.since(l.start))
+		db.event(EventFailed, l.scope, &next, l.start)
 	}
 	l.rec, l.val, l.writes = next, v, mu.writes
 	return nil

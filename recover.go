@@ -144,7 +144,7 @@ func (db *DB) Reconcile(ctx context.Context) (ReconcileResult, error) {
 		if after := l.Record(); after.State != StateInProgress {
 			res.Resolved++
 			db.stats.reconciled.Add(1)
-			db.event(EventReconciled, rec.Scope, &after, db.since(l.start))
+			db.event(EventReconciled, rec.Scope, &after, l.start)
 		}
 	}
 	return res, nil
@@ -234,7 +234,7 @@ func (db *DB) takeOver(s Scope, rule takeoverRule) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	db.event(EventTakenOver, s, &next, -1)
+	db.event(EventTakenOver, s, &next, time.Time{})
 	return &Lease{db: db, rk: rk, scope: s, rec: next, val: v, writes: mu.writes, start: start}, nil
 }
 

@@ -91,7 +91,7 @@ func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, error)
 	}
 	if db.opts.Events != nil {
 		rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, _ = keys.ParseRecord(rk)
-		db.event(EventSwept, rec.Scope, rec, -1)
+		db.event(EventSwept, rec.Scope, rec, time.Time{})
 	}
 	return rec.storedLen + rec.BodyLen*int64(min(rec.chunks, 1)), nil
 }
