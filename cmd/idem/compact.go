@@ -34,10 +34,7 @@ The store must not be held by a running serve or proxy.
 `)
 		flags.PrintDefaults()
 	}
-	if err := flags.Parse(args); err != nil {
-		return parseStatus(err)
-	}
-	if code := noArgs(flags, stderr); code != 0 {
+	if code, done := parseTool(flags, args, stderr); done {
 		return code
 	}
 	db, code := openExisting("compact", *data, false, stderr)

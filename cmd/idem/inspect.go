@@ -44,10 +44,7 @@ running serve or proxy.
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return parseStatus(err)
-	}
-	if code := noArgs(fs, stderr); code != 0 {
+	if code, done := parseTool(fs, args, stderr); done {
 		return code
 	}
 	st, err := parseStateFlag(*state)

@@ -68,10 +68,7 @@ the first attempt, and sends the same key on every retry.
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return parseStatus(err)
-	}
-	if code := noArgs(fs, stderr); code != 0 {
+	if code, done := parseTool(fs, args, stderr); done {
 		return code
 	}
 	gen, ok := keyFormats[*format]

@@ -62,10 +62,7 @@ structured line. The store must not be held by a running serve or proxy.
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return parseStatus(err)
-	}
-	if code := noArgs(fs, stderr); code != 0 {
+	if code, done := parseTool(fs, args, stderr); done {
 		return code
 	}
 	if err := checkScope(scope); err != nil {

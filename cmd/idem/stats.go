@@ -42,10 +42,7 @@ its /metrics endpoint reports the same figures.
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		return parseStatus(err)
-	}
-	if code := noArgs(fs, stderr); code != 0 {
+	if code, done := parseTool(fs, args, stderr); done {
 		return code
 	}
 	db, code := openExisting("stats", *data, false, stderr)

@@ -82,12 +82,17 @@ func usageError(fs *flag.FlagSet, stderr io.Writer, format string, a ...any) int
 	return 2
 }
 
-// noArgs rejects positional arguments, which no tool takes.
-func noArgs(fs *flag.FlagSet, stderr io.Writer) int {
-	if fs.NArg() > 0 {
-		return usageError(fs, stderr, "unexpected argument %q", fs.Arg(0))
+// parseTool parses a tool's flags; no tool takes positional arguments.
+// done reports whether the tool must return code at once: after --help,
+// or a usage mistake.
+func parseTool(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, done bool) {
+	if err := fs.Parse(args); err != nil {
+		return parseStatus(err), true
 	}
-	return 0
+	if fs.NArg() > 0 {
+		return usageError(fs, stderr, "unexpected argument %q", fs.Arg(0)), true
+	}
+	return 0, false
 }
 
 // recordView is a record as the tools print it in JSON. The key itself is
