@@ -32,6 +32,16 @@
 // gives the deterministic key to forward to a payment provider, so that a
 // reconciler asking again is deduplicated there too.
 //
+// # Operating a store
+//
+// Records lists what is stored, by tenant, endpoint, state and age, and
+// TakeOver gives a person or a tool a lease on a stuck record (in progress
+// past its lease, unknown, failed) to settle it: never on a completed one,
+// never while a live lease may still be at work. Options.Events receives one
+// structured event per state transition, carrying a hash of the key rather
+// than the key. Metrics and Ping feed dashboards and health checks; the idem
+// command wraps all of this for people.
+//
 // # Expiry
 //
 // Records expire after Options.TTL (per endpoint with Options.EndpointTTL,
