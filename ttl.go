@@ -80,20 +80,23 @@ func (db *DB) Compact(ctx context.Context, progress func(CompactProgress)) (Swee
 
 // expireLocked is the sweeper's Expire hook: it re-reads the record under
 // its stripe, since a claim may have replaced it since the index was read.
-func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, error) {
+func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, func(), error) {
 	rec, live, err := db.readLocked(rk, time.Unix(0, now))
 	if err != nil || rec == nil || live {
-		return 0, err
+		return 0, nil, err
 	}
 	db.stripe(rk).writes++
 	if err := deleteAll(b, rk, rec); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
+	var done func()
 	if db.opts.Events != nil {
-		rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, _ = keys.ParseRecord(rk)
-		db.event(EventSwept, rec.Scope, rec, time.Time{})
+		done = func() {
+			rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, _ = keys.ParseRecord(rk)
+			db.event(EventSwept, rec.Scope, rec, time.Time{})
+		}
 	}
-	return rec.storedLen + rec.BodyLen*int64(min(rec.chunks, 1)), nil
+	return rec.storedLen + rec.BodyLen*int64(min(rec.chunks, 1)), done, nil
 }
 
 // background sweeps and reconciles every SweepInterval until Close.

@@ -38,8 +38,9 @@ type Sweeper struct {
 	// everything that belongs to it but its expiry-index entry, if it has
 	// expired by now (Unix ns). It returns the bytes the record occupied,
 	// body chunks included, or 0 if it did not delete it. The caller holds
-	// rk's lock.
-	Expire func(b *pebble.Batch, rk []byte, now int64) (int64, error)
+	// rk's lock. done, when not nil, is called once the deletion is
+	// durable, for whatever must not be said before (a log event).
+	Expire func(b *pebble.Batch, rk []byte, now int64) (size int64, done func(), err error)
 	// CompactBytes is how many swept bytes trigger a compaction of the
 	// swept spans. Zero compacts after every sweep that deleted anything.
 	CompactBytes int64
@@ -144,10 +145,14 @@ func (s *Sweeper) step(batch []entry, lo, end []byte, now int64, res *Result) er
 	defer b.Close()
 	var n int
 	var freed int64
+	var dones []func()
 	for _, e := range batch {
-		size, err := s.Expire(b, e.rk, now)
+		size, done, err := s.Expire(b, e.rk, now)
 		if err != nil {
 			return err
+		}
+		if done != nil {
+			dones = append(dones, done)
 		}
 		if size == 0 {
 			continue
@@ -161,6 +166,9 @@ func (s *Sweeper) step(batch []entry, lo, end []byte, now int64, res *Result) er
 	}
 	if err := s.Commit(func(gb *pebble.Batch) error { return gb.Apply(b, nil) }); err != nil {
 		return err
+	}
+	for _, done := range dones {
+		done()
 	}
 	s.xhi = end
 	s.owed += freed
