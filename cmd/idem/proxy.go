@@ -34,11 +34,13 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	wait := fs.Duration("wait", 0, "how long a duplicate of a request still running waits for it before getting 409 (default 0: at once)")
 	maxBody := fs.Int64("max-body", 1<<20, "largest request body in bytes; larger ones get 413")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
+	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz; port 0 picks a free one, empty turns it off")
+	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR] [--listen ADDR]
                   [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
-                  [--max-body N] [--drain D]
+                  [--max-body N] [--drain D] [--admin ADDR] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
 any language. A request whose method is in --require must carry an
@@ -54,6 +56,14 @@ upstream cannot be reached at all the key is freed and the proxy answers
 502; when it fails or times out after the request was sent, the outcome is
 recorded unknown (retries get 409 outcome_pending until it is resolved)
 and the proxy answers 502 or 504.
+
+Every path on --listen belongs to the upstream, so operators get a
+listener of their own, --admin, with GET /metrics (Prometheus metrics of
+the store and of the proxy's answers, idem_*) and GET /healthz (200 ok
+while the store can be read, else 503). It listens on the loopback
+interface unless told otherwise. Every change of a record's state is
+logged to standard error as one line, with a hash of the key, never the
+key itself.
 
 `)
 		fs.PrintDefaults()
@@ -93,6 +103,9 @@ and the proxy answers 502 or 504.
 		return usageErr("--max-body %d must be positive", *maxBody)
 	}
 	opts := &idem.Options{TTL: *ttl, Lease: *lease, Logger: newLogger(stderr)}
+	if *events {
+		opts.Events = opts.Logger
+	}
 	effectiveLease := *lease
 	if effectiveLease == 0 {
 		effectiveLease = 30 * time.Second
@@ -114,6 +127,12 @@ and the proxy answers 502 or 504.
 		}
 		return code
 	}
+	adm, err := newAdmin(db, opts.Logger)
+	if err != nil {
+		db.Close()
+		fmt.Fprintf(stderr, "idem proxy: %v\n", err)
+		return 1
+	}
 	mw, err := idemhttp.New(idemhttp.Options{
 		Store:           db,
 		Tenant:          tenant,
@@ -121,13 +140,20 @@ and the proxy answers 502 or 504.
 		MaxRequestBytes: *maxBody,
 		Wait:            *wait,
 		Logger:          opts.Logger,
+		Observe:         adm.observer.Observe,
 	})
 	if err != nil {
 		db.Close()
 		return usageErr("%v", err)
 	}
 	h := mw(newProxyHandler(target, timeout, opts.Logger))
-	return serveUntilSignal("proxy", *listen, *data, *drain, h, db, stdout, stderr)
+	var adminH http.Handler
+	if *adminAddr != "" {
+		mux := http.NewServeMux()
+		adm.register(mux)
+		adminH = mux
+	}
+	return serveUntilSignal("proxy", *listen, *data, *drain, h, *adminAddr, adminH, db, stdout, stderr)
 }
 
 func parseUpstream(s string) (*url.URL, error) {

@@ -127,9 +127,12 @@ func (u *upstream) header(key string) http.Header {
 	return u.headers[key]
 }
 
+// startProxy starts a proxy in front of u. Its admin listener takes a free
+// port, since the default one is shared by every proxy on the machine;
+// args may override that.
 func startProxy(t *testing.T, u *upstream, args ...string) *daemon {
 	t.Helper()
-	return startDaemon(t, append([]string{"proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--upstream", u.URL}, args...)...)
+	return startDaemon(t, append([]string{"proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", u.URL}, args...)...)
 }
 
 const auth = "Bearer sk_test_alice"
@@ -372,7 +375,7 @@ func TestProxyUpstreamDown(t *testing.T) {
 	require.NoError(t, ln.Close()) // connections to addr are now refused
 
 	u := newUpstream(t)
-	p := startDaemon(t, "proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--upstream", "http://"+addr)
+	p := startDaemon(t, "proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", "http://"+addr)
 	key := newKey()
 	down := send(t, "POST", p.url+"/v1/payments", `{"amount": 4200}`, keyed(key)...)
 	assert.Equal(t, http.StatusBadGateway, down.status)
@@ -454,7 +457,7 @@ func TestProxyRestart(t *testing.T) {
 	assert.Equal(t, 0, p.wait(), p.stderr.String())
 	p.waitLine("stopped")
 
-	again := startDaemon(t, "proxy", "--data", p.data, "--listen", "127.0.0.1:0", "--upstream", u.URL)
+	again := startDaemon(t, "proxy", "--data", p.data, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", u.URL)
 	r := send(t, "POST", again.url+"/v1/payments", `{"amount": 1}`, keyed(done)...)
 	assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
 	assert.Equal(t, first.body, r.body)

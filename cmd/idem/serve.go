@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net/http"
 	"strings"
@@ -24,8 +25,10 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on; port 0 picks a free one")
 	delay := fs.Duration("provider-delay", 0, "how long the simulated payment provider takes per charge or refund; try 5s to see 409 request_in_progress")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
+	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem serve [--data DIR] [--addr ADDR] [--provider-delay D] [--drain D]
+                  [--events=false]
 
 Runs a small payments API behind the idempotency middleware, to try the
 contract with curl:
@@ -44,6 +47,15 @@ Payments and refunds are kept in memory only and vanish when serve stops.
 The idempotency records in --data persist, so after a restart a retry
 still replays a payment that this process no longer knows about.
 
+For operators, on the same address:
+
+  GET  /metrics           Prometheus metrics of the store and of the
+                          middleware's answers (idem_*)
+  GET  /healthz           200 ok while the store can be read, else 503
+
+Every change of a record's state is logged to standard error as one line,
+with a hash of the key and of the token, never the key or the token.
+
 `)
 		fs.PrintDefaults()
 	}
@@ -60,12 +72,20 @@ still replays a payment that this process no longer knows about.
 		fs.Usage()
 		return 2
 	}
-	log := newLogger(stderr)
-	db, code := openStore("serve", *data, &idem.Options{Logger: log}, stderr)
+	log := serveLogger(stderr)
+	opts := &idem.Options{Logger: log}
+	if *events {
+		opts.Events = log
+	}
+	db, code := openStore("serve", *data, opts, stderr)
 	if db == nil {
 		return code
 	}
-	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearerToken, Logger: log})
+	adm, err := newAdmin(db, log)
+	var mw func(http.Handler) http.Handler
+	if err == nil {
+		mw, err = idemhttp.New(idemhttp.Options{Store: db, Tenant: bearerToken, Logger: log, Observe: adm.observer.Observe})
+	}
 	if err != nil {
 		db.Close()
 		fmt.Fprintf(stderr, "idem serve: %v\n", err)
@@ -78,7 +98,24 @@ still replays a payment that this process no longer knows about.
 	mux.Handle("POST /v1/payments", mw(http.HandlerFunc(api.createPayment)))
 	mux.Handle("POST /v1/refunds", mw(http.HandlerFunc(api.createRefund)))
 	mux.HandleFunc("GET /v1/payments/{id}", api.getPayment)
-	return serveUntilSignal("serve", *addr, *data, *drain, mux, db, stdout, stderr)
+	// The demo API has no paths of its own there, so the operator's
+	// endpoints share its listener.
+	adm.register(mux)
+	return serveUntilSignal("serve", *addr, *data, *drain, mux, "", nil, db, stdout, stderr)
+}
+
+// serveLogger is newLogger for serve, whose tenant is a bearer token: a
+// credential, which has no business in a log. Every tenant attribute
+// (the store's events, the middleware's failures) shows its hash instead,
+// the same digest that key_hash uses for keys.
+func serveLogger(stderr io.Writer) *slog.Logger {
+	hide := func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == "tenant" {
+			return slog.String("tenant_hash", idem.KeyHash(a.Value.String()))
+		}
+		return a
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{ReplaceAttr: hide}))
 }
 
 // bearerToken is the tenant of a request: its bearer token, as is.

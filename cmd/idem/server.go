@@ -33,6 +33,10 @@ const (
 // defaultDrain is how long a stopping server waits for requests in flight.
 const defaultDrain = 30 * time.Second
 
+// adminDrain is how long a stopping admin server waits for a scrape or a
+// health check in flight.
+const adminDrain = time.Second
+
 // openStore opens the data directory for the command called name and turns
 // the failures a person can act on into messages and exit statuses: bad
 // options are usage errors (2), a directory held by another process is a
@@ -66,7 +70,11 @@ func newLogger(stderr io.Writer) *slog.Logger {
 // most drain) and closes db, so that every outcome the handlers record
 // reaches the disk before the process exits. It owns db from the start and
 // always closes it.
-func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Handler, db *idem.DB, stdout, stderr io.Writer) int {
+//
+// When adminH is not nil it is served on adminAddr too, a listener of its
+// own, and stopped after the main server has drained: a scrape during the
+// drain still sees the requests finishing.
+func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Handler, adminAddr string, adminH http.Handler, db *idem.DB, stdout, stderr io.Writer) int {
 	defer func() {
 		if err := db.Close(); err != nil {
 			fmt.Fprintf(stderr, "idem %s: closing the store: %v\n", name, err)
@@ -77,17 +85,37 @@ func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Ha
 		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
 		return 1
 	}
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       readTimeout,
-		IdleTimeout:       idleTimeout,
-		ErrorLog:          slog.NewLogLogger(newLogger(stderr).Handler(), slog.LevelWarn),
+	var adminLn net.Listener
+	if adminH != nil {
+		if adminLn, err = net.Listen("tcp", adminAddr); err != nil {
+			ln.Close()
+			fmt.Fprintf(stderr, "idem %s: --admin: %v\n", name, err)
+			return 1
+		}
 	}
+	log := newLogger(stderr)
+	newServer := func(h http.Handler) *http.Server {
+		return &http.Server{
+			Handler:           h,
+			ReadHeaderTimeout: readHeaderTimeout,
+			ReadTimeout:       readTimeout,
+			IdleTimeout:       idleTimeout,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+	}
+	srv := newServer(h)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
+	var adminSrv *http.Server
+	if adminLn != nil {
+		adminSrv = newServer(adminH)
+		go func() { served <- adminSrv.Serve(adminLn) }()
+		// Printed before the listening line, so that whoever has read
+		// that line also has this one.
+		fmt.Fprintf(stdout, "idem %s: admin on http://%s (/metrics, /healthz)\n", name, adminLn.Addr())
+	}
 	// Tests and scripts read the real address from this line, which
 	// matters with port 0.
 	fmt.Fprintf(stdout, "idem %s: listening on http://%s, data in %s\n", name, ln.Addr(), dataDir)
@@ -95,6 +123,10 @@ func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Ha
 	select {
 	case err := <-served:
 		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
+		srv.Close()
+		if adminSrv != nil {
+			adminSrv.Close()
+		}
 		return 1
 	case <-ctx.Done():
 	}
@@ -104,13 +136,26 @@ func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Ha
 	fmt.Fprintf(stdout, "idem %s: stopping; draining requests in flight (at most %s)\n", name, drain)
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
+	code := 0
 	if err := srv.Shutdown(sctx); err != nil {
 		// The handlers still running lose their connection; the outcomes
 		// they cannot store stay in progress and are reconciled later,
 		// never re-executed.
 		fmt.Fprintf(stderr, "idem %s: requests still running after %s are cut off: %v\n", name, drain, err)
 		srv.Close()
-		return 1
+		code = 1
+	}
+	if adminSrv != nil {
+		// Scrapes and probes are quick; one that is not is cut off
+		// rather than holding the store open.
+		actx, acancel := context.WithTimeout(context.Background(), adminDrain)
+		if adminSrv.Shutdown(actx) != nil {
+			adminSrv.Close()
+		}
+		acancel()
+	}
+	if code != 0 {
+		return code
 	}
 	fmt.Fprintf(stdout, "idem %s: stopped\n", name)
 	return 0
