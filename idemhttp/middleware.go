@@ -108,9 +108,9 @@ type Options struct {
 type Observation struct {
 	// Endpoint is the endpoint as Options.Endpoint names it.
 	Endpoint string
-	// Outcome is OutcomeExecuted, OutcomeReplayed, or the code of the
-	// problem the request was refused with (CodeInProgress, CodeKeyReuse,
-	// ...).
+	// Outcome is OutcomeExecuted, OutcomeReplayed, OutcomePanic, or the
+	// code of the problem the request was refused with (CodeInProgress,
+	// CodeKeyReuse, ...).
 	Outcome string
 	// Status is the status the client got.
 	Status int
@@ -122,6 +122,7 @@ type Observation struct {
 const (
 	OutcomeExecuted = "executed" // the handler ran and its response was stored (or the key released)
 	OutcomeReplayed = "replayed" // the stored response was sent again
+	OutcomePanic    = "panic"    // the handler panicked; the record is unknown
 )
 
 // middleware is the validated configuration behind the handler.
@@ -264,10 +265,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	start := time.Now()
 	endpoint := m.opts.Endpoint(r)
-	result, status := m.handle(w, r, next, endpoint)
+	// Until handle returns, the handler may panic through it; the request
+	// is still observed, as the panic net/http turns into a broken
+	// connection.
+	result, status := OutcomePanic, http.StatusInternalServerError
 	if m.opts.Observe != nil {
-		m.opts.Observe(Observation{Endpoint: endpoint, Outcome: result, Status: status, Duration: time.Since(start)})
+		defer func() {
+			m.opts.Observe(Observation{Endpoint: endpoint, Outcome: result, Status: status, Duration: time.Since(start)})
+		}()
 	}
+	result, status = m.handle(w, r, next, endpoint)
 }
 
 // handle answers a request that needs a key and returns its result, as

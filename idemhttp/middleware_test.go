@@ -384,7 +384,9 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 
 func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
 	db, _ := idemtest.Open(t, nil)
-	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
+	var seen []idemhttp.Observation
+	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger(),
+		Observe: func(o idemhttp.Observation) { seen = append(seen, o) }})
 	require.NoError(t, err)
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { panic("boom") }))
 	req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(pay))
@@ -394,6 +396,9 @@ func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
 	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "p"})
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateUnknown, rec.State)
+	require.Len(t, seen, 1, "a panicking request is still observed")
+	assert.Equal(t, idemhttp.OutcomePanic, seen[0].Outcome)
+	assert.Equal(t, http.StatusInternalServerError, seen[0].Status)
 }
 
 func TestClientDisconnectDoesNotCancelTheHandler(t *testing.T) {
