@@ -133,8 +133,10 @@ func (db *DB) countExpired(now time.Time) (int64, error) {
 	return n, nil
 }
 
-// Ping reports whether the store can be read: it fails once the DB is
-// closed or when the disk returns errors. Health checks call it.
+// Ping reports whether the store can serve reads: it reads one small key,
+// so it fails once the DB is closed or Pebble can no longer read, but it
+// writes nothing (a write failure ends the process anyway). Health checks
+// call it.
 func (db *DB) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
