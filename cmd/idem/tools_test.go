@@ -419,3 +419,18 @@ func TestToolHelp(t *testing.T) {
 		assert.Contains(t, r.stderr, "usage: idem "+name)
 	}
 }
+
+// TestProgressOnATerminal drives the bar as a terminal sees it: each step
+// redraws the line in place, and a new phase starts a new line.
+func TestProgressOnATerminal(t *testing.T) {
+	var out strings.Builder
+	p := &progress{w: &out, terminal: true}
+	p.update(idem.CompactProgress{Phase: "sweep", Done: 0, Total: 2})
+	p.update(idem.CompactProgress{Phase: "sweep", Done: 2, Total: 2})
+	p.update(idem.CompactProgress{Phase: "compact", Done: 4, Total: 4})
+	p.finish()
+	assert.Equal(t, "\r"+bar(idem.CompactProgress{Phase: "sweep", Done: 0, Total: 2}, 30)+
+		"\r"+bar(idem.CompactProgress{Phase: "sweep", Done: 2, Total: 2}, 30)+
+		"\n\r"+bar(idem.CompactProgress{Phase: "compact", Done: 4, Total: 4}, 30)+"\n", out.String())
+	assert.False(t, isTerminal(&out), "a buffer is not a terminal")
+}
