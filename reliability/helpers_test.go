@@ -1,0 +1,153 @@
+package reliability_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem/internal/crashtest"
+)
+
+// guard bounds every wait for a process or a condition. It only turns a
+// hang into a failure; nothing waits for it to pass.
+const guard = 30 * time.Second
+
+// upstreamProc is the recording upstream, running as its own process.
+type upstreamProc struct {
+	*crashtest.Process
+	url     string
+	journal string
+}
+
+func startUpstream(t *testing.T, maxDelay time.Duration) *upstreamProc {
+	t.Helper()
+	journal := filepath.Join(t.TempDir(), "journal")
+	p, err := crashtest.Start(upstreamBin, nil, "--journal", journal, "--max-delay", maxDelay.String())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if !p.Exited() {
+			p.Kill()
+		}
+	})
+	url, err := p.WaitListening(guard)
+	require.NoError(t, err)
+	return &upstreamProc{Process: p, url: url, journal: journal}
+}
+
+// counts returns how often each tenant and key executed, from the journal.
+func (u *upstreamProc) counts(t *testing.T) map[string]int {
+	t.Helper()
+	execs, err := crashtest.ReadJournal(u.journal)
+	require.NoError(t, err)
+	return crashtest.Counts(execs)
+}
+
+// executions returns how many executions the journal holds.
+func (u *upstreamProc) executions(t *testing.T) int {
+	t.Helper()
+	execs, err := crashtest.ReadJournal(u.journal)
+	require.NoError(t, err)
+	return len(execs)
+}
+
+// proxyArgs are the flags every campaign proxy gets: keys scoped by the
+// X-Tenant header, no admin listener unless asked, no event lines.
+func proxyArgs(data, listen, upstream string, extra ...string) []string {
+	return append([]string{"proxy", "--data", data, "--listen", listen, "--admin", "", "--upstream", upstream,
+		"--tenant-from", "header:" + crashtest.TenantHeader, "--events=false"}, extra...)
+}
+
+// startProxy starts an idem proxy and waits for its listening line. The
+// test's end stops it with SIGTERM if it still runs.
+func startProxy(t *testing.T, args []string) (*crashtest.Process, string) {
+	t.Helper()
+	p, err := crashtest.Start(idemBin, nil, args...)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if !p.Exited() {
+			p.Signal(syscall.SIGTERM)
+			p.Wait(guard)
+		}
+	})
+	url, err := p.WaitListening(guard)
+	require.NoError(t, err)
+	return p, url
+}
+
+// quietLogger drops idem's warnings: the campaigns provoke them on purpose.
+func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// reply is a response read whole.
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// code returns the problem document's code, or "" if the body is not one.
+func (r reply) code() string {
+	if r.header.Get("Content-Type") != "application/problem+json" {
+		return ""
+	}
+	var p struct{ Code string }
+	if json.Unmarshal(r.body, &p) != nil {
+		return ""
+	}
+	return p.Code
+}
+
+func (r reply) replayed() bool { return r.header.Get("Idempotent-Replayed") == "true" }
+
+// comparable is what must be identical between a response and its replay:
+// status, body, and the header without the date, the replay mark and the
+// framing. A first answer streamed in chunks has no Content-Length, and
+// net/http gives its replay, written at once, one.
+func (r reply) comparable() reply {
+	h := r.header.Clone()
+	h.Del("Date")
+	h.Del("Content-Length")
+	h.Del("Idempotent-Replayed")
+	return reply{status: r.status, header: h, body: r.body}
+}
+
+// do sends one request; header holds name, value pairs, each added.
+func do(ctx context.Context, c *http.Client, method, url, body string, header ...string) (reply, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return reply{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, resp.Header, b}, err
+}
+
+// newClient returns a client with its own connection pool, so that
+// connections to a killed proxy are not shared with anything else.
+func newClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	tr.MaxIdleConnsPerHost = 64
+	return &http.Client{Transport: tr, Timeout: guard}
+}
+
+func syscallTERM() os.Signal { return syscall.SIGTERM }

@@ -1,0 +1,55 @@
+// Package reliability_test is idem's reliability campaign: the promise that
+// a retry never executes twice and an acknowledged result is never lost,
+// checked against real failures. It kills a real `idem proxy` with SIGKILL
+// in front of an upstream that journals every execution durably, injects
+// read, write, sync and disk-full faults under the store, sends hostile
+// input through the middleware and the proxy, soaks the proxy with
+// concurrent clients, and checks tenant isolation as a property.
+//
+// `go test ./...` runs a CI-sized campaign. The flags make it longer:
+//
+//	go test ./reliability -run TestKill -kills 2000 -timeout 0
+//	go test ./reliability -run TestSoak -soak 60s
+//	go test ./reliability -run TestFault -faults 2000
+package reliability_test
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/idemkv/idem/internal/crashtest"
+)
+
+var (
+	kills     = flag.Int("kills", 20, "SIGKILLs of the proxy in the kill campaign")
+	soakFor   = flag.Duration("soak", 20*time.Second, "how long the proxy soak runs; the in-process soak runs half as long")
+	faultRuns = flag.Int("faults", 60, "rounds of the in-process fault campaign; the WAL campaign runs a tenth of them, at least 4")
+	strictAck = flag.Bool("strict-ack", false, "fail the kill campaign when a response with a Content-Length reached a client but its outcome was not stored (the streaming window; see kill_test.go)")
+)
+
+// Binaries built once for the whole package.
+var idemBin, upstreamBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "idem-reliability")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := func() int {
+		defer os.RemoveAll(dir)
+		if idemBin, err = crashtest.Build(dir, "github.com/idemkv/idem/cmd/idem"); err == nil {
+			upstreamBin, err = crashtest.Build(dir, "github.com/idemkv/idem/internal/crashtest/cmd/upstream")
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}

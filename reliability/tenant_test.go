@@ -1,0 +1,295 @@
+package reliability_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/idemhttp"
+	"github.com/idemkv/idem/internal/idemtest"
+)
+
+// Tenants and endpoints chosen so that naive encodings collide: one tenant
+// is a prefix of another, a tenant with the start of an endpoint spells
+// another tenant with the rest of it, one contains NUL, one is empty.
+var (
+	isoTenants   = []string{"", "a", "ab", "a\x00", "b", "A"}
+	isoEndpoints = []string{"POST /x", "bPOST /x", "POST /xb"}
+	isoKeys      = []string{"k", "kk", "k\x00"}
+	isoPrints    = []idem.Fingerprint{sha256.Sum256([]byte("one")), sha256.Sum256([]byte("two"))}
+)
+
+// modelRecord is what the property test expects the store to hold for one
+// scope.
+type modelRecord struct {
+	claim      int // which claim made it; leases carry it too
+	state      idem.State
+	fp         idem.Fingerprint
+	body       string
+	leaseUntil time.Time
+	expiresAt  time.Time
+}
+
+type heldLease struct {
+	l     *idem.Lease
+	scope idem.Scope
+	claim int
+}
+
+// TestTenantIsolationProperty runs random sequences of every operation
+// that reads or writes a record (Claim, Complete, Release, MarkUnknown,
+// TakeOver, Get, Records by tenant and endpoint, Sweep) over scopes that
+// share keys across tenants, against a model kept per full scope. Every
+// answer must match the model; in particular no tenant ever gets a lease,
+// a replay, a record or a listing entry that belongs to another, and a
+// key one tenant spent never refuses another.
+func TestTenantIsolationProperty(t *testing.T) {
+	const sequences, steps = 200, 300
+	ops := 0
+	for seq := range sequences {
+		seed := uint64(time.Now().UnixNano()) + uint64(seq)
+		ok := t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			ops += runIsolationSequence(t, rand.New(rand.NewPCG(seed, 2)), steps)
+		})
+		if !ok {
+			break
+		}
+	}
+	t.Logf("tenant isolation: %d sequences, %d operations, no cross-tenant answer", sequences, ops)
+}
+
+func runIsolationSequence(t *testing.T, rng *rand.Rand, steps int) int {
+	const lease, ttl = 30 * time.Second, time.Hour
+	db, clock := idemtest.Open(t, &idem.Options{Lease: lease, TTL: ttl, Logger: quietLogger()})
+	ctx := context.Background()
+	model := map[idem.Scope]*modelRecord{}
+	var held []heldLease
+	claims := 0
+	pick := func() idem.Scope {
+		return idem.Scope{Tenant: isoTenants[rng.IntN(len(isoTenants))], Endpoint: isoEndpoints[rng.IntN(len(isoEndpoints))], Key: isoKeys[rng.IntN(len(isoKeys))]}
+	}
+	live := func(s idem.Scope) *modelRecord {
+		m := model[s]
+		if m == nil || !clock.Now().Before(m.expiresAt) {
+			return nil
+		}
+		return m
+	}
+	// bodyFor names the scope and the claim: a body shown to the wrong
+	// tenant, or from another claim, is recognisable.
+	bodyFor := func(s idem.Scope, claim int) string {
+		return fmt.Sprintf("%q|%q|%q|%d", s.Tenant, s.Endpoint, s.Key, claim)
+	}
+	// end applies one of the ways a lease ends and checks it against the
+	// model.
+	end := func(h heldLease) {
+		m := live(h.scope)
+		valid := m != nil && m.claim == h.claim && m.state == idem.StateInProgress
+		var err error
+		var next func()
+		switch rng.IntN(4) {
+		case 0, 1:
+			body := bodyFor(h.scope, h.claim)
+			err = h.l.Complete(ctx, idem.Response{Status: 201, Body: []byte(body)})
+			next = func() { m.state, m.body = idem.StateCompleted, body }
+		case 2:
+			err = h.l.Release(ctx)
+			next = func() { delete(model, h.scope) }
+		default:
+			err = h.l.MarkUnknown(ctx)
+			next = func() { m.state, m.leaseUntil = idem.StateUnknown, clock.Now() }
+		}
+		if valid {
+			require.NoError(t, err, "%+v", h.scope)
+			next()
+		} else {
+			require.ErrorIs(t, err, idem.ErrLeaseLost, "%+v", h.scope)
+		}
+	}
+
+	for range steps {
+		s := pick()
+		switch op := rng.IntN(10); {
+		case op < 4: // claim
+			fp := isoPrints[rng.IntN(len(isoPrints))]
+			l, rec, err := db.Claim(ctx, s, fp)
+			m := live(s)
+			now := clock.Now()
+			switch {
+			case m == nil:
+				require.NoError(t, err, "%+v", s)
+				require.NotNil(t, l)
+				require.Equal(t, s, l.Scope(), "a lease for the scope asked, no other")
+				claims++
+				model[s] = &modelRecord{claim: claims, state: idem.StateInProgress, fp: fp, leaseUntil: now.Add(lease), expiresAt: now.Add(ttl)}
+				held = append(held, heldLease{l, s, claims})
+			case m.fp != fp:
+				require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "%+v", s)
+			case m.state == idem.StateCompleted:
+				require.NoError(t, err)
+				require.NotNil(t, rec, "%+v", s)
+				require.Equal(t, s, rec.Scope, "a replay of the scope asked, no other")
+				require.Equal(t, m.body, string(rec.Response.Body))
+			case m.state == idem.StateInProgress && now.Before(m.leaseUntil):
+				require.ErrorIs(t, err, idem.ErrInProgress, "%+v", s)
+			default:
+				require.ErrorIs(t, err, idem.ErrOutcomePending, "%+v", s)
+			}
+			var ke *idem.KeyError
+			if errors.As(err, &ke) {
+				assert.Equal(t, s.Tenant, ke.Tenant, "a refusal names the caller's own tenant")
+				assert.Equal(t, s.Endpoint, ke.Endpoint)
+			}
+		case op < 6: // end a lease
+			if len(held) == 0 {
+				continue
+			}
+			i := rng.IntN(len(held))
+			h := held[i]
+			held = append(held[:i], held[i+1:]...)
+			end(h)
+		case op < 7: // take over
+			l, err := db.TakeOver(ctx, s)
+			m := live(s)
+			switch {
+			case m == nil:
+				require.ErrorIs(t, err, idem.ErrNotFound, "%+v", s)
+			case m.state == idem.StateCompleted:
+				require.ErrorIs(t, err, idem.ErrCompleted)
+			case m.state == idem.StateInProgress && clock.Now().Before(m.leaseUntil):
+				require.ErrorIs(t, err, idem.ErrInProgress)
+			default:
+				require.NoError(t, err, "%+v", s)
+				require.Equal(t, s, l.Scope())
+				claims++
+				m.claim, m.state, m.leaseUntil = claims, idem.StateInProgress, clock.Now().Add(lease)
+				held = append(held, heldLease{l, s, claims})
+			}
+		case op < 8: // read one record
+			rec, err := db.Get(ctx, s)
+			m := live(s)
+			if m == nil {
+				require.ErrorIs(t, err, idem.ErrNotFound, "%+v", s)
+				continue
+			}
+			require.NoError(t, err)
+			require.Equal(t, s, rec.Scope)
+			require.Equal(t, m.state, rec.State)
+			require.Equal(t, m.fp, rec.Fingerprint)
+			if m.state == idem.StateCompleted {
+				require.Equal(t, m.body, string(rec.Response.Body))
+			}
+		case op < 9: // list a tenant, or a tenant's endpoint
+			if s.Tenant == "" {
+				continue // an empty Filter.Tenant lists every tenant by design
+			}
+			f := idem.Filter{Tenant: s.Tenant}
+			if rng.IntN(2) == 0 {
+				f.Endpoint = s.Endpoint
+			}
+			got := map[idem.Scope]idem.State{}
+			for rec, err := range db.Records(ctx, f) {
+				require.NoError(t, err)
+				require.Equal(t, s.Tenant, rec.Scope.Tenant, "a listing of one tenant shows only that tenant")
+				got[rec.Scope] = rec.State
+			}
+			want := map[idem.Scope]idem.State{}
+			for sc := range model {
+				if m := live(sc); m != nil && sc.Tenant == f.Tenant && (f.Endpoint == "" || sc.Endpoint == f.Endpoint) {
+					want[sc] = m.state
+				}
+			}
+			require.Equal(t, want, got)
+		default: // time passes; sometimes past leases, sometimes past the TTL
+			clock.Advance([]time.Duration{time.Second, lease, 20 * time.Minute}[rng.IntN(3)])
+			if rng.IntN(2) == 0 {
+				_, err := db.Sweep(ctx)
+				require.NoError(t, err)
+			}
+		}
+	}
+	for _, h := range held {
+		end(h)
+	}
+	return steps
+}
+
+// TestTenantIsolationHTTP sends random requests from several tenants that
+// share keys and bodies through the middleware: every answer a tenant gets
+// is its own execution, a replay of its own, or a refusal about its own
+// key; a key another tenant spent never gets 422 or 409, which would tell
+// one tenant what another did.
+func TestTenantIsolationHTTP(t *testing.T) {
+	db, _ := idemtest.Open(t, &idem.Options{Logger: quietLogger()})
+	runs := map[string]int{}
+	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tenant := r.Header.Get("X-Tenant")
+		runs[tenant+"\x00"+r.Header.Get("Idempotency-Key")]++
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"tenant":%q,"run":%d}`, tenant, len(runs))
+	})
+	mw, err := idemhttp.New(idemhttp.Options{Store: db, Logger: quietLogger(), Tenant: func(r *http.Request) (string, error) {
+		v := r.Header.Get("X-Tenant")
+		if v == "" {
+			return "", errors.New("no tenant")
+		}
+		return v, nil
+	}})
+	require.NoError(t, err)
+	h := mw(app)
+	tenants := []string{"acme", "acme2", "Acme", "ac", "me"}
+	keys := []string{"key-1", "key-2", "key-3"}
+	bodies := []string{`{"amount":1}`, `{"amount":2}`}
+	type scopeKey struct{ tenant, key string }
+	first := map[scopeKey]string{} // the first body a tenant sent with a key
+	answers := map[scopeKey][]byte{}
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 3))
+	const requests = 3000
+	for range requests {
+		sk := scopeKey{tenants[rng.IntN(len(tenants))], keys[rng.IntN(len(keys))]}
+		body := bodies[rng.IntN(len(bodies))]
+		req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", sk.key)
+		req.Header.Set("X-Tenant", sk.tenant)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		sent, seen := first[sk]
+		switch {
+		case !seen:
+			// This tenant's first use of the key runs, whatever other
+			// tenants did with it.
+			require.Equal(t, http.StatusCreated, w.Code, "seed %d: %s", seed, w.Body)
+			require.Empty(t, w.Header().Get("Idempotent-Replayed"))
+			var a struct{ Tenant string }
+			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &a))
+			require.Equal(t, sk.tenant, a.Tenant)
+			first[sk], answers[sk] = body, w.Body.Bytes()
+		case sent == body:
+			require.Equal(t, http.StatusCreated, w.Code, "seed %d", seed)
+			require.Equal(t, "true", w.Header().Get("Idempotent-Replayed"))
+			require.Equal(t, answers[sk], w.Body.Bytes(), "a replay of the tenant's own answer")
+		default:
+			require.Equal(t, http.StatusUnprocessableEntity, w.Code, "the tenant's own key, reused")
+		}
+	}
+	for sk := range first {
+		assert.Equal(t, 1, runs[sk.tenant+"\x00"+sk.key])
+	}
+	assert.Len(t, runs, len(first))
+	t.Logf("tenant isolation over HTTP: %d requests, %d tenant-key pairs, each run once (seed %d)", requests, len(first), seed)
+}
