@@ -1,18 +1,22 @@
-// Command bench measures idem against baselines on this machine, in one
-// run, interleaved, so that every ratio it prints compares figures taken
-// under the same conditions.
+// Command bench measures idem against the stores users weigh it against,
+// on this machine, in one run, interleaved, so that every ratio it prints
+// compares figures taken under the same conditions.
 //
-//	go run ./bench [-duration 3s] [-conc 1,16,64] [-systems idem,pebble,pebble-tuned] [-out DIR]
+//	go run ./bench [-duration 3s] [-conc 1,16,64] [-systems ...] [-out DIR] [-pg DSN] [-redis ADDR]
 //
-// Workloads: "claim+complete" is one durable claim followed by one durable
-// completion with a 1 KiB body, on fresh UUIDv4 keys spread over 100
-// tenants; "replay" answers retries of keys completed earlier. Stores live
-// in a temporary directory beside the current one (not /tmp, which may be
-// memory), removed at the end.
+// Workloads: "claim+complete" is one durable claim (fingerprint, state in
+// progress, expiry) followed by one durable completion with a 1 KiB body,
+// on fresh UUIDv4 keys spread over 100 tenants; "replay" answers retries
+// of keys completed earlier. It prints a Markdown table with ratios to the
+// baselines and the issue's goals, and writes it with two SVG charts
+// (throughput.svg, p99.svg) to -out. Embedded stores live in a temporary
+// directory under -data (not /tmp, which may be memory), removed at the
+// end. bench/run.sh starts PostgreSQL and Redis and runs everything.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -29,43 +33,82 @@ import (
 func main() {
 	duration := flag.Duration("duration", 3*time.Second, "how long each measurement runs")
 	concList := flag.String("conc", "1,16,64", "comma-separated concurrency levels")
-	systemList := flag.String("systems", "idem,pebble,pebble-tuned", "comma-separated systems to measure: "+strings.Join(systemNames(), ", "))
+	systemList := flag.String("systems", "idem,idem-http,pebble,pebble-tuned,disk", "comma-separated systems to measure: "+strings.Join(systemNames(), ", "))
 	bodySize := flag.Int("body", 1024, "response body size in bytes")
-	outDir := flag.String("out", "", "directory to write results.md into (default: print only)")
+	outDir := flag.String("out", "idem-bench-results", `directory to write results.md, throughput.svg and p99.svg into ("" to print only)`)
 	dataDir := flag.String("data", ".", "directory under which the temporary stores are created")
+	pgDSN := flag.String("pg", "", "PostgreSQL connection string, for the postgres system (e.g. postgres://user@127.0.0.1:55432/db)")
+	redisAddr := flag.String("redis", "", "Redis address, for the redis system; the server must run appendonly yes, appendfsync always")
 	flag.Parse()
 
 	cfg, err := parseConfig(*concList, *systemList)
+	if err == nil {
+		cfg.pgDSN, cfg.redisAddr = *pgDSN, *redisAddr
+		err = cfg.check()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		flag.Usage()
 		os.Exit(2)
 	}
 	cfg.duration, cfg.body = *duration, make([]byte, *bodySize)
-	rows, err := run(context.Background(), cfg, *dataDir)
+	res, err := run(context.Background(), cfg, *dataDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
-	table := markdown(rows, cfg)
+	table := markdown(res)
 	fmt.Print(table)
 	if *outDir != "" {
-		if err := os.MkdirAll(*outDir, 0o755); err != nil {
+		if err := writeOut(*outDir, res, table); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
-		if err := os.WriteFile(filepath.Join(*outDir, "results.md"), []byte(table), 0o644); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
-		}
+		fmt.Printf("\nWrote results.md, throughput.svg and p99.svg to %s.\n", *outDir)
 	}
 }
 
+func writeOut(dir string, res results, table string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(table), 0o644); err != nil {
+		return err
+	}
+	tp, p99 := charts(res.rows, res.cfg.systems)
+	for name, c := range map[string]chart{"throughput.svg": tp, "p99.svg": p99} {
+		var b strings.Builder
+		if err := c.write(&b); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(b.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 type config struct {
-	concs    []int
-	systems  []string
-	duration time.Duration
-	body     []byte
+	concs     []int
+	systems   []string
+	duration  time.Duration
+	body      []byte
+	pgDSN     string
+	redisAddr string
+}
+
+func (c config) maxConc() int { return slices.Max(c.concs) }
+
+// check reports a system that needs a server the flags do not name.
+func (c config) check() error {
+	var errs []error
+	if slices.Contains(c.systems, "postgres") && c.pgDSN == "" {
+		errs = append(errs, errors.New("the postgres system needs -pg DSN (bench/run.sh starts a server and passes it)"))
+	}
+	if slices.Contains(c.systems, "redis") && c.redisAddr == "" {
+		errs = append(errs, errors.New("the redis system needs -redis ADDR (bench/run.sh starts a server and passes it)"))
+	}
+	return errors.Join(errs...)
 }
 
 func systemNames() []string {
@@ -91,7 +134,9 @@ func parseConfig(concList, systemList string) (config, error) {
 		if _, ok := openers[name]; !ok {
 			return c, fmt.Errorf("unknown system %q (have %s)", name, strings.Join(systemNames(), ", "))
 		}
-		c.systems = append(c.systems, name)
+		if !slices.Contains(c.systems, name) {
+			c.systems = append(c.systems, name)
+		}
 	}
 	return c, nil
 }
@@ -109,28 +154,34 @@ type row struct {
 
 func (r row) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
 
-func run(ctx context.Context, cfg config, dataDir string) ([]row, error) {
+func run(ctx context.Context, cfg config, dataDir string) (results, error) {
+	res := results{cfg: cfg}
 	root, err := os.MkdirTemp(dataDir, "idem-bench-")
 	if err != nil {
-		return nil, err
+		return res, err
 	}
 	defer os.RemoveAll(root)
 	systems := map[string]system{}
 	done := map[string]*opLog{}
 	for _, name := range cfg.systems {
-		s, err := openers[name](filepath.Join(root, name))
+		s, err := openers[name](env{
+			dir: filepath.Join(root, name), maxConc: cfg.maxConc(), body: cfg.body,
+			pgDSN: cfg.pgDSN, redisAddr: cfg.redisAddr,
+		})
 		if err != nil {
-			return nil, fmt.Errorf("open %s: %w", name, err)
+			return res, fmt.Errorf("open %s: %w", name, err)
 		}
 		defer s.close()
 		systems[name], done[name] = s, &opLog{}
 	}
-	var rows []row
 	// Interleave: every system runs each cell before the next cell starts,
 	// so slow drift of the machine hits them all alike.
 	for _, conc := range cfg.concs {
 		for _, name := range cfg.systems {
 			s, log := systems[name], done[name]
+			if cs, ok := s.(cellStarter); ok {
+				cs.startCell(conc)
+			}
 			s.syncsPerOp() // start counting here
 			r, err := measure(ctx, conc, cfg.duration, func(rng *rand.Rand) error {
 				o := newOp(rng.IntN(100))
@@ -141,15 +192,18 @@ func run(ctx context.Context, cfg config, dataDir string) ([]row, error) {
 				return nil
 			})
 			if err != nil {
-				return nil, fmt.Errorf("%s claim+complete: %w", name, err)
+				return res, fmt.Errorf("%s claim+complete: %w", name, err)
 			}
-			r.workload, r.system, r.syncsPerOp = "claim+complete", name, s.syncsPerOp()
-			rows = append(rows, r)
+			r.workload, r.system, r.syncsPerOp = workClaim, name, s.syncsPerOp()
+			res.rows = append(res.rows, r)
 		}
 	}
 	for _, conc := range cfg.concs {
 		for _, name := range cfg.systems {
 			s, ops := systems[name], done[name].all()
+			if _, ok := s.(noReplay); ok {
+				continue
+			}
 			r, err := measure(ctx, conc, cfg.duration, func(rng *rand.Rand) error {
 				body, err := s.replay(ctx, ops[rng.IntN(len(ops))])
 				if err == nil && len(body) != len(cfg.body) {
@@ -158,13 +212,21 @@ func run(ctx context.Context, cfg config, dataDir string) ([]row, error) {
 				return err
 			})
 			if err != nil {
-				return nil, fmt.Errorf("%s replay: %w", name, err)
+				return res, fmt.Errorf("%s replay: %w", name, err)
 			}
-			r.workload, r.system = "replay", name
-			rows = append(rows, r)
+			r.workload, r.system = workReplay, name
+			res.rows = append(res.rows, r)
 		}
 	}
-	return rows, nil
+	if slices.Contains(cfg.systems, "idem-http") {
+		d := min(cfg.duration, time.Second)
+		bare, wrapped, err := middlewareOverhead(d)
+		if err != nil {
+			return res, fmt.Errorf("middleware overhead: %w", err)
+		}
+		res.overhead = &overhead{bare: bare, wrapped: wrapped}
+	}
+	return res, nil
 }
 
 // opLog collects completed operations for the replay workload.
@@ -231,49 +293,6 @@ func measure(ctx context.Context, conc int, d time.Duration, fn func(*rand.Rand)
 	slices.Sort(lat)
 	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 	return row{conc: conc, ops: len(lat), elapsed: elapsed, p50: pct(0.50), p99: pct(0.99)}, nil
-}
-
-// markdown renders the rows as a table, each with its ratios to the
-// pebble baselines measured in the same cell.
-func markdown(rows []row, cfg config) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "| workload | conc | system | ops/s | p50 | p99 | syncs/op | ops/s vs pebble | ops/s vs pebble-tuned | p50 vs pebble-tuned |\n")
-	fmt.Fprintf(&b, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
-	base := map[string]row{}
-	for _, r := range rows {
-		base[fmt.Sprint(r.system, r.workload, r.conc)] = r
-	}
-	ratio := func(r row, system string, latency bool) string {
-		br, ok := base[fmt.Sprint(system, r.workload, r.conc)]
-		switch {
-		case !ok:
-			return ""
-		case latency:
-			return fmt.Sprintf("%.2fx", float64(r.p50)/float64(br.p50))
-		default:
-			return fmt.Sprintf("%.2fx", r.rate()/br.rate())
-		}
-	}
-	for _, r := range rows {
-		syncs := ""
-		if r.syncsPerOp > 0 {
-			syncs = fmt.Sprintf("%.3f", r.syncsPerOp)
-		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %.0f | %s | %s | %s | %s | %s | %s |\n",
-			r.workload, r.conc, r.system, r.rate(), round(r.p50), round(r.p99), syncs,
-			ratio(r, "pebble", false), ratio(r, "pebble-tuned", false), ratio(r, "pebble-tuned", true))
-	}
-	fmt.Fprintf(&b, "\n%s per cell, %d-byte bodies, GOMAXPROCS=%d.\n", cfg.duration, len(cfg.body), runtimeProcs())
-	return b.String()
-}
-
-func round(d time.Duration) string {
-	switch {
-	case d >= time.Millisecond:
-		return d.Round(10 * time.Microsecond).String()
-	default:
-		return d.Round(100 * time.Nanosecond).String()
-	}
 }
 
 func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

@@ -5,18 +5,23 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/idemkv/idem"
 )
 
 // The store benchmarks run the harness's workloads under testing.B, named
-// so that benchstat can pivot on conc and system:
+// so that benchstat can pivot on conc, sync and system:
 //
-//	go test ./bench -run '^$' -bench 'ClaimComplete|Replay' -count 6 > new.txt
+//	go test ./bench -run '^$' -bench 'Claim|Complete|Replay' -count 6 > new.txt
 
 func openBench(b *testing.B, name string) system {
 	b.Helper()
-	s, err := openers[name](b.TempDir())
+	s, err := openers[name](env{dir: b.TempDir(), maxConc: 64, body: make([]byte, 1024)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -91,4 +96,108 @@ func BenchmarkReplay(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 		})
 	}
+}
+
+// openIdemBench opens idem on the disk (sync=true) or on an in-memory
+// filesystem whose sync is free (sync=false), so that the two sub-benchmarks
+// separate idem's own work from the disk's.
+func openIdemBench(b *testing.B, sync bool) *idem.DB {
+	b.Helper()
+	opts, dir := &idem.Options{SweepInterval: -1}, b.TempDir()
+	if !sync {
+		opts.FS, dir = vfs.NewMem(), "db"
+	}
+	db, err := idem.Open(dir, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Close() })
+	return db
+}
+
+func scopeOf(o op) idem.Scope { return idem.Scope{Tenant: o.tenant, Endpoint: endpoint, Key: o.key} }
+
+// BenchmarkClaim is the claim alone: a fresh key, durably marked in
+// progress. Nothing is completed.
+func BenchmarkClaim(b *testing.B) {
+	ctx := context.Background()
+	for _, conc := range []int{1, 64} {
+		for _, sync := range []bool{true, false} {
+			b.Run(fmt.Sprintf("conc=%d/sync=%t", conc, sync), func(b *testing.B) {
+				db := openIdemBench(b, sync)
+				claim := func(rng *rand.Rand) error {
+					o := newOp(rng.IntN(100))
+					_, _, err := db.Claim(ctx, scopeOf(o), o.fp)
+					return err
+				}
+				b.ReportAllocs()
+				if conc == 1 {
+					rng := rand.New(rand.NewPCG(1, 2))
+					for b.Loop() {
+						if err := claim(rng); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					parallel(b, conc, claim)
+				}
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+			})
+		}
+	}
+}
+
+// BenchmarkComplete is the completion alone, with a 1 KiB body, of a claim
+// made outside the timer: claims are taken in batches, concurrently, with
+// the timer stopped.
+func BenchmarkComplete(b *testing.B) {
+	ctx := context.Background()
+	resp := idem.Response{Status: 201, Header: benchHeader, Body: make([]byte, 1024)}
+	for _, sync := range []bool{true, false} {
+		b.Run(fmt.Sprintf("conc=1/sync=%t", sync), func(b *testing.B) {
+			db := openIdemBench(b, sync)
+			var leases []*idem.Lease
+			refill := func() {
+				b.StopTimer()
+				defer b.StartTimer()
+				leases = claimBatch(b, db, 256)
+			}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(resp.Body)))
+			for b.Loop() {
+				if len(leases) == 0 {
+					refill()
+				}
+				l := leases[len(leases)-1]
+				leases = leases[:len(leases)-1]
+				if err := l.Complete(ctx, resp); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+		})
+	}
+}
+
+// claimBatch claims n fresh keys from 16 goroutines, so that the claims
+// share syncs and the refill stays short.
+func claimBatch(b *testing.B, db *idem.DB, n int) []*idem.Lease {
+	leases := make([]*idem.Lease, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for i := w; i < n; i += 16 {
+				o := newOp(i % 100)
+				leases[i], _, errs[i] = db.Claim(context.Background(), scopeOf(o), o.fp)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return leases
 }

@@ -21,14 +21,15 @@ import (
 // op is one logical operation of the workload: a tenant, a key and the
 // request it carries.
 type op struct {
-	tenant string
-	key    string
-	fp     idem.Fingerprint
+	tenantN int // 0-99; PostgreSQL maps it to a uuid
+	tenant  string
+	key     string
+	fp      idem.Fingerprint
 }
 
 func newOp(tenant int) op {
 	key := uuid.NewString()
-	return op{tenant: fmt.Sprintf("tenant-%03d", tenant), key: key, fp: sha256.Sum256([]byte(key))}
+	return op{tenantN: tenant, tenant: fmt.Sprintf("tenant-%03d", tenant), key: key, fp: sha256.Sum256([]byte(key))}
 }
 
 const endpoint = "POST /v1/payments"
@@ -46,14 +47,30 @@ type system interface {
 	close() error
 }
 
+// env is what a system is opened with.
+type env struct {
+	dir       string // the system's own directory, to create
+	maxConc   int    // the highest concurrency it will see: pools are sized to it
+	body      []byte // the response body a server answers with
+	pgDSN     string // -pg
+	redisAddr string // -redis
+}
+
+// cellStarter is implemented by systems that want to know the concurrency
+// of the claim+complete cell about to run.
+type cellStarter interface{ startCell(conc int) }
+
+// noReplay is implemented by systems that have no replay workload.
+type noReplay interface{ noReplay() }
+
 // idemSystem is the idem library on its default options.
 type idemSystem struct {
 	db                     *idem.DB
 	lastCommits, lastSyncs int64
 }
 
-func openIdem(dir string) (system, error) {
-	db, err := idem.Open(dir, nil)
+func openIdem(e env) (system, error) {
+	db, err := idem.Open(e.dir, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -110,13 +127,13 @@ type pebbleSystem struct {
 	stripes [4096]sync.Mutex
 }
 
-func openPebble(dir string, tuned bool) (system, error) {
+func openPebble(e env, tuned bool) (system, error) {
 	opts := &pebble.Options{Logger: quietLogger{}, FormatMajorVersion: pebble.FormatNewest}
 	if tuned {
 		opts.CacheSize, opts.MemTableSize = 64<<20, 64<<20
 		opts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
 	}
-	db, err := pebble.Open(dir, opts)
+	db, err := pebble.Open(e.dir, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -180,8 +197,12 @@ func (quietLogger) Fatalf(format string, args ...any) {
 }
 
 // openers lists the systems by the names -systems accepts.
-var openers = map[string]func(dir string) (system, error){
+var openers = map[string]func(env) (system, error){
 	"idem":         openIdem,
-	"pebble":       func(dir string) (system, error) { return openPebble(dir, false) },
-	"pebble-tuned": func(dir string) (system, error) { return openPebble(dir, true) },
+	"idem-http":    openIdemHTTP,
+	"pebble":       func(e env) (system, error) { return openPebble(e, false) },
+	"pebble-tuned": func(e env) (system, error) { return openPebble(e, true) },
+	"postgres":     openPostgres,
+	"redis":        openRedis,
+	"disk":         openDisk,
 }

@@ -1,0 +1,164 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+const (
+	workClaim  = "claim+complete"
+	workReplay = "replay"
+)
+
+// baselines are the systems every other row is compared with, in the
+// order of the table's ratio columns, with their column headings.
+var baselines = []struct{ system, heading string }{
+	{"redis", "vs redis"},
+	{"postgres", "vs postgres"},
+	{"disk", "vs disk ceiling"},
+	{"pebble", "vs pebble"},
+}
+
+// results is everything one run measured.
+type results struct {
+	rows     []row
+	cfg      config
+	overhead *overhead // nil when the middleware was not measured
+}
+
+// overhead is the middleware's cost per request over a no-op handler.
+type overhead struct{ bare, wrapped time.Duration }
+
+func (o overhead) perRequest() time.Duration { return o.wrapped - o.bare }
+
+// find returns the row of system in workload at conc.
+func (res results) find(workload, system string, conc int) (row, bool) {
+	for _, r := range res.rows {
+		if r.workload == workload && r.system == system && r.conc == conc {
+			return r, true
+		}
+	}
+	return row{}, false
+}
+
+// markdown renders the rows as a table, each with its throughput ratios to
+// the baselines measured in the same run and cell, then the goals.
+func markdown(res results) string {
+	var present []int
+	for i, bl := range baselines {
+		if slices.Contains(res.cfg.systems, bl.system) {
+			present = append(present, i)
+		}
+	}
+	var b strings.Builder
+	b.WriteString("| workload | conc | system | ops/s | p50 | p99 | syncs/op |")
+	for _, i := range present {
+		b.WriteString(" " + baselines[i].heading + " |")
+	}
+	b.WriteString("\n|---|---:|---|---:|---:|---:|---:|" + strings.Repeat("---:|", len(present)) + "\n")
+	for _, r := range res.rows {
+		syncs := ""
+		if r.syncsPerOp > 0 {
+			syncs = fmt.Sprintf("%.3f", r.syncsPerOp)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %.0f | %s | %s | %s |", r.workload, r.conc, r.system, r.rate(), round(r.p50), round(r.p99), syncs)
+		for _, i := range present {
+			cell := ""
+			if br, ok := res.find(r.workload, baselines[i].system, r.conc); ok {
+				cell = fmt.Sprintf("%.2fx", r.rate()/br.rate())
+			}
+			b.WriteString(" " + cell + " |")
+		}
+		b.WriteString("\n")
+	}
+	fmt.Fprintf(&b, "\n%s per cell, %d-byte bodies, GOMAXPROCS=%d.", res.cfg.duration, len(res.cfg.body), runtimeProcs())
+	if res.overhead != nil {
+		fmt.Fprintf(&b, " Middleware, one request at a time on an in-memory store: no-op handler %s bare, %s behind idemhttp.",
+			round(res.overhead.bare), round(res.overhead.wrapped))
+	}
+	b.WriteString("\n")
+	if gs := goals(res); len(gs) > 0 {
+		b.WriteString("\nGoals, from this run:\n\n| goal | measured | |\n|---|---|---|\n")
+		for _, g := range gs {
+			verdict := "not met"
+			if g.met {
+				verdict = "met"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", g.goal, g.measured, verdict)
+		}
+	}
+	return b.String()
+}
+
+// goal is one of the targets, as measured.
+type goal struct {
+	goal, measured string
+	met            bool
+}
+
+// goals checks the targets whose figures, baselines included, this run
+// measured, and leaves the others out.
+func goals(res results) []goal {
+	var gs []goal
+	const high = 64
+	idem64, ok := res.find(workClaim, "idem", high)
+	if ok {
+		for _, t := range []struct {
+			system string
+			min    float64
+		}{{"redis", 2}, {"postgres", 6}, {"disk", 0.25}} {
+			br, ok := res.find(workClaim, t.system, high)
+			if !ok {
+				continue
+			}
+			ratio := idem64.rate() / br.rate()
+			gs = append(gs, goal{
+				goal:     fmt.Sprintf("claim+complete at conc=%d: idem ≥ %gx %s", high, t.min, t.system),
+				measured: fmt.Sprintf("%.2fx (%.0f vs %.0f ops/s)", ratio, idem64.rate(), br.rate()),
+				met:      ratio >= t.min,
+			})
+		}
+	}
+	var best row
+	for _, r := range res.rows {
+		if r.workload == workReplay && r.system == "idem" && (best.ops == 0 || r.rate() > best.rate()) {
+			best = r
+		}
+	}
+	if best.ops > 0 {
+		gs = append(gs, goal{
+			goal:     "replay in process: idem ≥ 150000 ops/s",
+			measured: fmt.Sprintf("%.0f ops/s (best cell, conc=%d)", best.rate(), best.conc),
+			met:      best.rate() >= 150000,
+		})
+	}
+	if o := res.overhead; o != nil {
+		gs = append(gs, goal{
+			goal:     "middleware overhead, no-op handler, store without sync: ≤ 15µs per request",
+			measured: round(o.perRequest()),
+			met:      o.perRequest() <= 15*time.Microsecond,
+		})
+	}
+	idem1, ok1 := res.find(workClaim, "idem", 1)
+	disk1, ok2 := res.find(workClaim, "disk", 1)
+	if ok1 && ok2 {
+		ratio := float64(idem1.p50) / float64(disk1.p50)
+		gs = append(gs, goal{
+			goal:     "claim+complete at conc=1: idem p50 ≤ 2.5x one fdatasync (disk p50 at conc=1)",
+			measured: fmt.Sprintf("%.2fx (%s vs %s)", ratio, round(idem1.p50), round(disk1.p50)),
+			met:      ratio <= 2.5,
+		})
+	}
+	return gs
+}
+
+func round(d time.Duration) string {
+	switch {
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond).String()
+	default:
+		return d.Round(100 * time.Nanosecond).String()
+	}
+}
