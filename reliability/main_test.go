@@ -8,9 +8,12 @@
 //
 // `go test ./...` runs a CI-sized campaign. The flags make it longer:
 //
-//	go test ./reliability -run TestKill -kills 2000 -timeout 0
-//	go test ./reliability -run TestSoak -soak 60s
-//	go test ./reliability -run TestFault -faults 2000
+//	go test ./reliability -run TestKillCampaign -kills 2000 -timeout 0 -v
+//	go test ./reliability -run TestSoak -soak 60s -v
+//	go test ./reliability -run 'TestFault|TestWAL' -faults 2000 -timeout 0 -v
+//
+// Each test logs its figures (kills survived, faults injected, inputs
+// tried, duplicates, results lost, RSS and goroutines) with -v.
 package reliability_test
 
 import (
@@ -25,7 +28,7 @@ import (
 
 var (
 	kills     = flag.Int("kills", 20, "SIGKILLs of the proxy in the kill campaign")
-	soakFor   = flag.Duration("soak", 20*time.Second, "how long the proxy soak runs; the in-process soak runs half as long")
+	soakFor   = flag.Duration("soak", 30*time.Second, "how long the proxy soak runs; the in-process soak runs half as long")
 	faultRuns = flag.Int("faults", 60, "rounds of the in-process fault campaign; the WAL campaign runs a tenth of them, at least 4")
 	strictAck = flag.Bool("strict-ack", false, "fail the kill campaign when a response with a Content-Length reached a client but its outcome was not stored (the streaming window; see kill_test.go)")
 )
