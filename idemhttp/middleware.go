@@ -84,10 +84,8 @@ type Options struct {
 
 	// Wait is how long a retry that finds its key in progress waits for
 	// the first request to finish before it gets 409. The first request's
-	// end wakes it. A streamed response reaches the client before it is
-	// stored, so a client that retries at once may see 409 for a request
-	// that just finished; a short Wait covers that. Default: 0, answer 409
-	// at once.
+	// end wakes it, and the retry then gets the replay. Default: 0, answer
+	// 409 at once.
 	Wait time.Duration
 
 	// MismatchStatus is the status for a key reused with another request.
@@ -381,7 +379,10 @@ func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) (result str
 	return OutcomeReplayed, rec.Response.Status
 }
 
-// execute runs the handler under the lease and stores its outcome.
+// execute runs the handler under the lease, stores its outcome, and only
+// then lets the response reach the client: a client must never hold an
+// answer that a crash could still take back from its retries. A handler
+// that flushes streams instead (see recorder).
 func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, lease *idem.Lease) (result string, status int) {
 	out := &outcome{}
 	// A client that disconnects must not cancel the operation: its retry
@@ -391,23 +392,40 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	storeCtx := context.WithoutCancel(r.Context())
 	defer func() {
 		if p := recover(); p != nil {
-			// The handler may have done anything before it panicked.
+			// The handler may have done anything before it panicked. What
+			// it wrote is never sent: net/http breaks the connection.
 			m.end(lease, lease.MarkUnknown(storeCtx))
 			panic(p)
 		}
-		switch {
-		case out.unknown:
-			m.end(lease, lease.MarkUnknown(storeCtx))
-		case out.release:
-			m.end(lease, lease.Release(storeCtx))
-		default:
-			status, header, body := rec.response()
-			m.end(lease, lease.Complete(storeCtx, idem.Response{Status: status, Header: header, Body: body}))
-		}
 	}()
 	next.ServeHTTP(rec, r.WithContext(ctx))
-	status, _, _ = rec.response()
-	return OutcomeExecuted, status
+	switch {
+	case out.unknown:
+		m.end(lease, lease.MarkUnknown(storeCtx))
+	case out.release:
+		m.end(lease, lease.Release(storeCtx))
+	default:
+		status, header, body := rec.response()
+		err := lease.Complete(storeCtx, idem.Response{Status: status, Header: header, Body: body})
+		m.end(lease, err)
+		if err != nil && rec.streaming {
+			// Most of a streamed answer is out, but not its end: breaking
+			// the connection now tells the client it does not have it.
+			panic(http.ErrAbortHandler)
+		}
+		if err != nil {
+			// The operation ran but its answer is not stored: sending it
+			// would let the client hold what its retry cannot get back.
+			// The retry gets 409 until the record is reconciled; it never
+			// runs the operation again.
+			key := w.Header().Get(headerKey)
+			clear(w.Header())
+			w.Header().Set(headerKey, key)
+			return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
+				Detail: "the request ran but its outcome could not be stored; retry with the same key, it will not run twice"}, time.Second)
+		}
+	}
+	return OutcomeExecuted, rec.send()
 }
 
 // end logs an outcome that could not be stored. The record stays in

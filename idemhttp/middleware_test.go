@@ -558,3 +558,68 @@ func TestObserveReportsEachOutcome(t *testing.T) {
 	e.call("GET", "/v1/payments/pay_1", "acme", "")
 	assert.Empty(t, seen)
 }
+
+// TestAnswerWaitsForItsRecord stores the outcome before the client may see
+// it: when storing fails, the client gets 503 instead of an answer that
+// its retry could never get back, and the retry does not run again.
+func TestAnswerWaitsForItsRecord(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "4")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "paid")
+		assert.NoError(t, e.db.Close()) // the store fails before the outcome is stored
+	}
+	resp, body := e.call("POST", "/v1/payments", "acme", pay, "held-1")
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, idemhttp.CodeStoreUnavailable, problem(t, resp, body).Code)
+	assert.Equal(t, "held-1", resp.Header.Get("Idempotency-Key"))
+	assert.NotEqual(t, "4", resp.Header.Get("Content-Length"), "nothing of the handler's answer leaks")
+	assert.NotContains(t, body, "paid")
+}
+
+// TestStreamKeepsItsEndUntilStored lets a flushing handler stream, but the
+// client gets the last byte only once the outcome is stored; if storing
+// fails the connection breaks instead, so no client ever holds a complete
+// answer that a retry cannot replay.
+func TestStreamKeepsItsEndUntilStored(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("store fails=%v", fail), func(t *testing.T) {
+			e := setup(t, idemhttp.Options{})
+			proceed := make(chan struct{})
+			e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", "4")
+				io.WriteString(w, "paid")
+				http.NewResponseController(w).Flush()
+				<-proceed
+				if fail {
+					assert.NoError(t, e.db.Close())
+				}
+			}
+			req, err := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(pay))
+			require.NoError(t, err)
+			req.Header.Set("Authorization", "Bearer acme")
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", "stream-1")
+			resp, err := e.srv.Client().Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			head := make([]byte, 3)
+			_, err = io.ReadFull(resp.Body, head)
+			require.NoError(t, err, "the stream flows while the handler runs")
+			assert.Equal(t, "pai", string(head))
+			close(proceed)
+			rest, err := io.ReadAll(resp.Body)
+			if fail {
+				assert.Error(t, err, "a stream whose outcome was not stored must not end cleanly")
+				assert.Empty(t, rest)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, "d", string(rest))
+			again, body := e.call("POST", "/v1/payments", "acme", pay, "stream-1")
+			assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+			assert.Equal(t, "paid", body)
+		})
+	}
+}

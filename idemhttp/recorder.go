@@ -2,18 +2,30 @@ package idemhttp
 
 import (
 	"bytes"
+	"maps"
 	"net/http"
+	"strconv"
 )
 
-// recorder passes a handler's response through to the client as it is
-// written and keeps a copy to store. It is the only ResponseWriter wrapper:
-// Unwrap lets http.NewResponseController reach the connection's Flush,
-// deadlines and hijacking.
+// recorder holds a handler's response and keeps a copy to store. The
+// status and body reach the client only through send, once the outcome is
+// stored, unless the handler flushes: then it is streaming (server-sent
+// events, a long download), and what it writes goes out as it comes, all
+// but the very end: the last byte of a declared Content-Length, or the end
+// of a chunked body, which net/http writes after the handler returns. So a
+// client never reads a whole response that its retry could not get back.
+// It is the only ResponseWriter wrapper: Unwrap lets
+// http.NewResponseController reach the connection's deadlines and
+// hijacking.
 type recorder struct {
-	w      http.ResponseWriter
-	status int
-	header http.Header // what the handler had set when it wrote the status
-	body   bytes.Buffer
+	w         http.ResponseWriter
+	status    int
+	header    http.Header // what the handler had set when it wrote the status
+	sent      http.Header // the same, every field, to put back when it is sent
+	length    int64       // the declared Content-Length, or -1
+	body      bytes.Buffer
+	streaming bool // the handler flushed
+	out       int  // bytes of body the client was given
 }
 
 func (r *recorder) Header() http.Header { return r.w.Header() }
@@ -28,44 +40,88 @@ func (r *recorder) WriteHeader(status int) {
 		r.w.WriteHeader(status)
 		return
 	}
-	r.status = status
-	r.header = storableHeader(r.w.Header())
 	// A handler may have added the key again (a proxy copying an upstream
 	// echo); the answer carries it once, as its replay will.
 	if vs := r.w.Header().Values(headerKey); len(vs) > 1 {
 		r.w.Header().Set(headerKey, vs[0])
 	}
-	r.w.WriteHeader(status)
+	r.status = status
+	r.header = storableHeader(r.w.Header())
+	r.sent = r.w.Header().Clone()
+	r.length = -1
+	if n, err := strconv.ParseInt(r.sent.Get("Content-Length"), 10, 64); err == nil && n >= 0 {
+		r.length = n
+	}
 }
 
 func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.WriteHeader(http.StatusOK)
 	}
-	r.body.Write(p)
 	// A client that went away must not stop the recording: the retry it
 	// sends next should find the whole response.
-	n, err := r.w.Write(p)
-	if err != nil {
-		return len(p), nil
+	r.body.Write(p)
+	if r.streaming {
+		r.pass(false)
 	}
-	return n, nil
+	return len(p), nil
 }
 
-// Flush sends what is buffered to the client now, for streamed responses.
+// Flush starts streaming: what is held goes to the client now, but for
+// its end, and so does everything written after.
 func (r *recorder) Flush() {
 	if r.status == 0 {
 		r.WriteHeader(http.StatusOK)
 	}
+	if !r.streaming {
+		r.streaming = true
+		r.writeStatus()
+	}
+	r.pass(false)
 	_ = http.NewResponseController(r.w).Flush()
 }
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
 
+// writeStatus writes the status with the header as it was when the handler
+// wrote it: later changes are ignored, as net/http ignores them.
+func (r *recorder) writeStatus() {
+	h := r.w.Header()
+	clear(h)
+	maps.Copy(h, r.sent)
+	r.w.WriteHeader(r.status)
+}
+
+// pass gives the client the body written so far; unless all is set, it
+// keeps back the last byte of a declared length.
+func (r *recorder) pass(all bool) {
+	end := r.body.Len()
+	if !all && r.length >= 0 && int64(end) >= r.length {
+		end = int(r.length) - 1
+	}
+	if end > r.out {
+		r.w.Write(r.body.Bytes()[r.out:end])
+		r.out = end
+	}
+}
+
+// send lets the response reach the client in full, once its outcome is
+// stored, and returns its status.
+func (r *recorder) send() int {
+	if r.status == 0 {
+		// The handler wrote nothing: net/http answers 200 with no body.
+		return http.StatusOK
+	}
+	if !r.streaming {
+		r.writeStatus()
+	}
+	r.pass(true)
+	return r.status
+}
+
 // response is what the recorder saw, as it is stored.
 func (r *recorder) response() (status int, header http.Header, body []byte) {
 	if r.status == 0 {
-		// The handler wrote nothing: net/http answers 200 with no body.
 		return http.StatusOK, storableHeader(r.w.Header()), nil
 	}
 	return r.status, r.header, r.body.Bytes()

@@ -30,7 +30,6 @@ var (
 	kills     = flag.Int("kills", 20, "SIGKILLs of the proxy in the kill campaign")
 	soakFor   = flag.Duration("soak", 30*time.Second, "how long the proxy soak runs; the in-process soak runs half as long")
 	faultRuns = flag.Int("faults", 60, "rounds of the in-process fault campaign; the WAL campaign runs a tenth of them, at least 4")
-	strictAck = flag.Bool("strict-ack", false, "fail the kill campaign when a response with a Content-Length reached a client but its outcome was not stored (the streaming window; see kill_test.go)")
 )
 
 // Binaries built once for the whole package.

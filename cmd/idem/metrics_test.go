@@ -240,7 +240,7 @@ func TestProxyMetrics(t *testing.T) {
 
 	created := send(t, "POST", p.url+"/v1/payments", `{"amount": 4200}`, keyed(key)...)
 	require.Equal(t, http.StatusCreated, created.status, "%s", created.body)
-	// A proxied response streams to the client before it is stored.
+	// The completion is logged before the answer leaves the proxy.
 	sum := sha256.Sum256([]byte(auth))
 	p.waitStderr("event=completed tenant=" + hex.EncodeToString(sum[:]) + ` endpoint="POST /v1/payments" key_hash=` + idem.KeyHash(key))
 	assert.Equal(t, "true", send(t, "POST", p.url+"/v1/payments", `{"amount": 4200}`, keyed(key)...).header.Get("Idempotent-Replayed"))

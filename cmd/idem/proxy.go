@@ -44,8 +44,9 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 Puts the idempotency-key contract in front of an HTTP service written in
 any language. A request whose method is in --require must carry an
-Idempotency-Key; the first one is forwarded and its response recorded
-while it streams back, and every retry gets that response again
+Idempotency-Key; the first one is forwarded and its response is recorded
+before it reaches the client (a response without a length streams, all
+but its end), and every retry gets that response again
 (Idempotent-Replayed: true) without reaching the upstream. The same key
 with a different request gets 422; a duplicate of a request still running
 gets 409 with Retry-After. The key is forwarded, so the upstream can pass
@@ -258,9 +259,12 @@ func newProxyHandler(target *url.URL, timeout time.Duration, log *slog.Logger) h
 		},
 		Transport: tr,
 		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		// Flush after every write: server-sent events and long downloads
-		// reach the client as the upstream produces them.
-		FlushInterval: -1,
+		// No periodic flushing: an answer of known length then reaches the
+		// client only once its outcome is stored. ReverseProxy still
+		// flushes each write of a response without a length and of
+		// server-sent events, so those stream, and the middleware holds
+		// back only their end.
+		FlushInterval: 0,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			log.Warn("idem proxy: upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			upstreamError(w, r, err)

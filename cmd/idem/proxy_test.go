@@ -153,8 +153,8 @@ func replayHeader(h http.Header) http.Header {
 func TestProxyContract(t *testing.T) {
 	u := newUpstream(t)
 	u.Start()
-	// --wait: a response streams to the client before its record is
-	// stored, so an immediate retry could otherwise find it in progress.
+	// --wait: the concurrent-duplicate cases wait for the first request
+	// instead of getting 409 at once.
 	p := startProxy(t, u, "--wait", "5s", "--max-body", "4096")
 
 	t.Run("first call and replay", func(t *testing.T) {
