@@ -28,7 +28,7 @@ import (
 
 var (
 	kills     = flag.Int("kills", 20, "SIGKILLs of the proxy in the kill campaign")
-	soakFor   = flag.Duration("soak", 30*time.Second, "how long the proxy soak runs; the in-process soak runs half as long")
+	soakFor   = flag.Duration("soak", 60*time.Second, "how long the proxy soak runs; the in-process soak runs half as long")
 	faultRuns = flag.Int("faults", 60, "rounds of the in-process fault campaign; the WAL campaign runs a tenth of them, at least 4")
 )
 

@@ -113,20 +113,41 @@ func settle(count func() int, limit int) int {
 func TestSoakProxy(t *testing.T) {
 	up := startUpstream(t, 2*time.Millisecond)
 	data := t.TempDir()
-	// --wait: a response with a Content-Length reaches the client before
-	// it is stored, so an immediate retry could find it in progress.
-	proxy, url := startProxy(t, proxyArgs(data, "127.0.0.1:0", up.url, "--admin", "127.0.0.1:0", "--lease", "5s", "--ttl", "1m", "--wait", "5s"))
+	// No --wait: an answer reaches the client only once it is stored, so
+	// the immediate retry below must already get the replay.
+	proxy, url := startProxy(t, proxyArgs(data, "127.0.0.1:0", up.url, "--admin", "127.0.0.1:0", "--lease", "5s", "--ttl", "1m"))
 	line, err := proxy.WaitLine("admin on http://", guard)
 	require.NoError(t, err)
 	admin := strings.Fields(strings.SplitAfter(line, "admin on ")[1])[0]
 
 	client := newClient()
 	baseGoroutines := goroutinesOf(t, admin)
+	// RSS every tenth of the run, to tell a plateau from a climb.
+	var samples []string
+	sampled := make(chan struct{})
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(*soakFor / 10)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopSampling:
+				return
+			case <-tick.C:
+				if rss, err := proxy.RSS(); err == nil {
+					samples = append(samples, fmt.Sprint(rss>>20))
+				}
+			}
+		}
+	}()
 	var rssStart int64
 	requests, errs := soakLoad(t, client, url+chargePath, *soakFor, func() {
 		rssStart, err = proxy.RSS()
 		require.NoError(t, err)
 	})
+	close(stopSampling)
+	<-sampled
 	rssEnd, err := proxy.RSS()
 	require.NoError(t, err)
 	client.CloseIdleConnections()
@@ -139,7 +160,8 @@ func TestSoakProxy(t *testing.T) {
 	assert.LessOrEqual(t, endGoroutines, baseGoroutines+5, "goroutines leaked")
 	execs := up.executions(t)
 	t.Logf("proxy soak: %s, %d clients, %d requests (%d executions, the rest replays), errors %d", *soakFor, soakClients, requests, execs, len(errs))
-	t.Logf("proxy RSS: %d MiB after warm-up, %d MiB at the end; goroutines: %d idle before, %d idle after", rssStart>>20, rssEnd>>20, baseGoroutines, endGoroutines)
+	t.Logf("proxy RSS: %d MiB after warm-up, %d MiB at the end (every tenth of the run: %s MiB); goroutines: %d idle before, %d idle after",
+		rssStart>>20, rssEnd>>20, strings.Join(samples, " "), baseGoroutines, endGoroutines)
 }
 
 // TestSoakInProcess soaks the middleware in this process, on a store whose
