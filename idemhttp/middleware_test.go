@@ -406,9 +406,11 @@ func TestClientDisconnectDoesNotCancelTheHandler(t *testing.T) {
 	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
 	require.NoError(t, err)
 	outer := make(chan context.Context, 1)
+	started := make(chan struct{})
 	gone := make(chan struct{})
 	handlerErr := make(chan error, 1)
 	inner := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
 		<-gone // the server has seen the client leave
 		handlerErr <- r.Context().Err()
 		io.WriteString(w, "charged")
@@ -426,6 +428,9 @@ func TestClientDisconnectDoesNotCancelTheHandler(t *testing.T) {
 	req.Header.Set("Idempotency-Key", "gone")
 	go func() {
 		connCtx := <-outer
+		// Leave only once the middleware has read the whole body: a client
+		// that leaves mid-upload gets 400 and the handler never runs.
+		<-started
 		cancel()
 		<-connCtx.Done()
 		close(gone)
