@@ -288,6 +288,11 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	}
 	w.Header().Set(headerKey, key)
 	tenant, err := m.opts.Tenant(r)
+	if err == nil && len(tenant) > idem.MaxTenantBytes {
+		// Checked here, not left to the store, so that the client hears
+		// about its credential rather than about its key.
+		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), idem.MaxTenantBytes)
+	}
 	if err != nil {
 		return writeProblem(w, Problem{Status: http.StatusUnauthorized, Code: CodeTenantMissing, Detail: err.Error()}, 0)
 	}

@@ -253,13 +253,20 @@ func TestOtherRefusals(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 	assert.Equal(t, idemhttp.CodeTenantMissing, problem(t, resp, body).Code)
 
+	resp, body = e.call("POST", "/v1/payments", strings.Repeat("t", idem.MaxTenantBytes+1), pay, "k")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	p := problem(t, resp, body)
+	assert.Equal(t, idemhttp.CodeTenantMissing, p.Code, "a tenant too long to store is the credential's fault, not the key's")
+	assert.Contains(t, p.Detail, "more than 255")
+	assert.Zero(t, e.app.runs.Load())
+
 	resp, body = e.call("POST", "/v1/payments", "acme", `{"amount":`+strings.Repeat("1", 100)+`}`, "k")
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
 	assert.Equal(t, idemhttp.CodePayloadTooLarge, problem(t, resp, body).Code)
 
 	resp, body = e.call("POST", "/v1/payments", "acme", `{"a":1,"a":2}`, "k")
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
-	p := problem(t, resp, body)
+	p = problem(t, resp, body)
 	assert.Equal(t, idemhttp.CodeBodyInvalid, p.Code)
 	assert.Equal(t, "duplicate_member", p.BodyError)
 	require.NotNil(t, p.BodyOffset)
