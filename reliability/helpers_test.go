@@ -3,12 +3,10 @@ package reliability_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem/internal/crashtest"
+	"github.com/idemkv/idem/internal/idemtest"
 )
 
 // guard bounds every wait for a process or a condition. It only turns a
@@ -122,23 +121,8 @@ func (r reply) comparable() reply {
 
 // do sends one request; header holds name, value pairs, each added.
 func do(ctx context.Context, c *http.Client, method, url, body string, header ...string) (reply, error) {
-	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
-	if err != nil {
-		return reply{}, err
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Add(header[i], header[i+1])
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return reply{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return reply{resp.StatusCode, resp.Header, b}, err
+	status, h, b, err := idemtest.Send(ctx, c, method, url, body, header...)
+	return reply{status, h, b}, err
 }
 
 // newClient returns a client with its own connection pool, so that

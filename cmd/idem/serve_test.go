@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -18,6 +17,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem/internal/idemtest"
 )
 
 // guard bounds every wait in these tests. It only turns a hang into a
@@ -188,23 +189,8 @@ func sendCtx(t *testing.T, ctx context.Context, method, url, body string, header
 
 // trySend is send for goroutines and for requests expected to fail.
 func trySend(ctx context.Context, method, url, body string, header ...string) (reply, error) {
-	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
-	if err != nil {
-		return reply{}, err
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Add(header[i], header[i+1])
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return reply{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return reply{resp.StatusCode, resp.Header, b}, err
+	status, h, b, err := idemtest.Send(ctx, client, method, url, body, header...)
+	return reply{status, h, b}, err
 }
 
 // newKey returns a fresh idempotency key.
