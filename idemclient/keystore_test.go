@@ -15,18 +15,26 @@ import (
 )
 
 // TestKeyStores checks the KeyStore contract on both implementations.
-func TestKeyStores(t *testing.T) {
-	tests := []struct {
+// keyStores are the stores every key-store test runs on; the DB store
+// keeps its keys under namespace ns.
+func keyStores(ns string) []struct {
+	name string
+	open func(t *testing.T) lookupStore
+} {
+	return []struct {
 		name string
 		open func(t *testing.T) lookupStore
 	}{
 		{name: "memory", open: func(*testing.T) lookupStore { return &idemclient.MemoryKeyStore{} }},
 		{name: "db", open: func(t *testing.T) lookupStore {
 			db, _ := idemtest.Open(t, nil)
-			return idemclient.NewDBKeyStore(db, "ns")
+			return idemclient.NewDBKeyStore(db, ns)
 		}},
 	}
-	for _, tt := range tests {
+}
+
+func TestKeyStores(t *testing.T) {
+	for _, tt := range keyStores("ns") {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			s := tt.open(t)
@@ -64,17 +72,7 @@ func TestKeyStores(t *testing.T) {
 // TestKeyStoreConcurrentSave: callers racing to start one operation never
 // end up with two keys.
 func TestKeyStoreConcurrentSave(t *testing.T) {
-	tests := []struct {
-		name string
-		open func(t *testing.T) lookupStore
-	}{
-		{name: "memory", open: func(*testing.T) lookupStore { return &idemclient.MemoryKeyStore{} }},
-		{name: "db", open: func(t *testing.T) lookupStore {
-			db, _ := idemtest.Open(t, nil)
-			return idemclient.NewDBKeyStore(db, "")
-		}},
-	}
-	for _, tt := range tests {
+	for _, tt := range keyStores("") {
 		t.Run(tt.name, func(t *testing.T) {
 			s := tt.open(t)
 			var mu sync.Mutex
