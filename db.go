@@ -110,7 +110,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("%w: %s: %v (close the other handle or stop the process that holds it, or use another directory)", ErrLocked, dir, err)
 	}
 	popts := &pebble.Options{
-		FS:                 o.FS,
+		FS:                 newWALFS(o.FS),
 		Lock:               lock,
 		Logger:             pebbleLogger{o.Logger},
 		CacheSize:          o.CacheBytes,

@@ -1,0 +1,138 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// smallWALFS fills in small steps, so that a short test sees many fills and
+// the log catching up with them.
+func smallWALFS() *walFS { return &walFS{FS: vfs.Default, ahead: 64 << 10, chunk: 16 << 10} }
+
+func TestWALFileKeepsZerosAheadAndNeverOverwritesTheLog(t *testing.T) {
+	fs := smallWALFS()
+	name := filepath.Join(t.TempDir(), "000001.log")
+	f, err := fs.Create(name, walCategory)
+	require.NoError(t, err)
+	w, ok := f.(*walFile)
+	require.True(t, ok, "a log file on disk is wrapped")
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	var want []byte
+	for len(want) < 1<<20 {
+		p := make([]byte, 1+rng.IntN(20<<10))
+		for i := range p {
+			p[i] = byte(1 + rng.IntN(255)) // never zero, so a stray fill shows
+		}
+		n, err := f.Write(p)
+		require.NoError(t, err)
+		require.Equal(t, len(p), n)
+		want = append(want, p...)
+	}
+	require.NoError(t, f.SyncData())
+	require.NoError(t, f.Close())
+
+	w.mu.Lock()
+	fills, zeroed := w.fillCount, w.zeroed
+	w.mu.Unlock()
+	assert.Greater(t, fills, 10, "the log kept asking for more zeros")
+	assert.GreaterOrEqual(t, zeroed, int64(len(want)))
+
+	got, err := os.ReadFile(name)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(got), len(want))
+	assert.True(t, bytes.Equal(want, got[:len(want)]), "the log's bytes are intact")
+	assert.Zero(t, bytes.IndexFunc(got[len(want):], func(r rune) bool { return r != 0 })+1,
+		"only zeros follow the log")
+	assert.Greater(t, len(got)-len(want), 0, "zeros are kept ahead of the log's end")
+}
+
+func TestWALFileReusedLogKeepsItsOldBlocks(t *testing.T) {
+	fs := smallWALFS()
+	dir := t.TempDir()
+	old := bytes.Repeat([]byte{0xff}, 100<<10)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "000001.log"), old, 0o644))
+
+	f, err := fs.ReuseForWrite(filepath.Join(dir, "000001.log"), filepath.Join(dir, "000002.log"), walCategory)
+	require.NoError(t, err)
+	written := bytes.Repeat([]byte{7}, 50<<10)
+	_, err = f.Write(written)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	got, err := os.ReadFile(filepath.Join(dir, "000002.log"))
+	require.NoError(t, err)
+	require.Greater(t, len(got), len(old), "zeros were added after the old log's end")
+	assert.Equal(t, written, got[:len(written)])
+	assert.Equal(t, old[len(written):], got[len(written):len(old)], "the old log's blocks are left to Pebble")
+	assert.Equal(t, make([]byte, len(got)-len(old)), got[len(old):])
+}
+
+func TestWALFSWrapsOnlyLogFilesOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	disk := smallWALFS()
+	table, err := disk.Create(filepath.Join(dir, "000003.sst"), "pebble-flush")
+	require.NoError(t, err)
+	defer table.Close()
+	_, wrapped := table.(*walFile)
+	assert.False(t, wrapped, "tables are written as they are")
+
+	mem := &walFS{FS: vfs.NewMem(), ahead: 64 << 10, chunk: 16 << 10}
+	log, err := mem.Create("000001.log", walCategory)
+	require.NoError(t, err)
+	defer log.Close()
+	_, wrapped = log.(*walFile)
+	assert.False(t, wrapped, "a log in memory has nothing to gain")
+}
+
+// The store's own log carries zeros after its last record, on a fresh store
+// and after a crash that leaves the log unclosed; Pebble must read past
+// neither as data.
+func TestStoreReopensOverZeroedLogTail(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(dir, &Options{SweepInterval: -1})
+	require.NoError(t, err)
+	ctx := context.Background()
+	var scopes []Scope
+	for i := range 50 {
+		s := Scope{Tenant: "t", Endpoint: "POST /x", Key: string(rune('a'+i%26)) + string(rune('a'+i/26))}
+		l, _, err := db.Claim(ctx, s, Fingerprint{byte(i)})
+		require.NoError(t, err)
+		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: []byte{byte(i)}}))
+		scopes = append(scopes, s)
+	}
+	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	require.NoError(t, err)
+	var zeroTail bool
+	for _, name := range logs {
+		info, err := os.Stat(name)
+		require.NoError(t, err)
+		zeroTail = zeroTail || info.Size() >= walZeroChunk
+	}
+	require.True(t, zeroTail, "the live log has zeros ahead of its end")
+
+	// A copy taken while the store is open is what a crash leaves: every
+	// acknowledged write is synced, and the log was never closed.
+	crashed := t.TempDir()
+	require.NoError(t, os.CopyFS(crashed, os.DirFS(dir)))
+	require.NoError(t, db.Close())
+
+	for _, d := range []string{crashed, dir} {
+		db, err := Open(d, &Options{SweepInterval: -1})
+		require.NoError(t, err)
+		for i, s := range scopes {
+			rec, err := db.Get(ctx, s)
+			require.NoError(t, err)
+			assert.Equal(t, []byte{byte(i)}, rec.Response.Body)
+		}
+		require.NoError(t, db.Close())
+	}
+}
