@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -78,6 +79,14 @@ type DB struct {
 	stats   counters
 	waiting waiters
 
+	filters  atomic.Pointer[filterPair]
+	building sync.Mutex    // held by buildFilter
+	refilter chan struct{} // asks filterLoop for a new build
+	// minFilter is the smallest filter built, and scanHook runs once a
+	// build's scan has its snapshot; tests change both, holding building.
+	minFilter int64
+	scanHook  func()
+
 	// ops is read-locked by every operation and write-locked by Close, so
 	// that Close waits for operations in flight and none starts after it.
 	ops    sync.RWMutex
@@ -125,7 +134,8 @@ func Open(dir string, opts *Options) (*DB, error) {
 		lock.Close()
 		return nil, fmt.Errorf("idem: open %s: %w", dir, err)
 	}
-	db := &DB{opts: o, pdb: pdb, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{})}
+	db := &DB{opts: o, pdb: pdb, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{}), refilter: make(chan struct{}, 1), minFilter: minFilterKeys}
+	db.filters.Store(&filterPair{})
 	db.commits = newCommitter(pdb)
 	if err := db.checkSchema(); err != nil {
 		db.commits.close()
@@ -140,6 +150,8 @@ func Open(dir string, opts *Options) (*DB, error) {
 		Expire:       db.expireLocked,
 		CompactBytes: o.CompactBytes,
 	}
+	db.bg.Add(1)
+	go db.filterLoop()
 	if o.SweepInterval > 0 {
 		db.bg.Add(1)
 		go db.background()
@@ -209,8 +221,12 @@ type stripe struct {
 	writes uint64
 }
 
+// hash is the hash of a record key that picks its stripe and its filter
+// bits.
+func (db *DB) hash(rk []byte) uint64 { return maphash.Bytes(db.seed, rk) }
+
 func (db *DB) stripe(rk []byte) *stripe {
-	return &db.stripes[maphash.Bytes(db.seed, rk)%numStripes]
+	return &db.stripes[db.hash(rk)%numStripes]
 }
 
 // begin starts an operation on the record under rk: it enters the DB and
@@ -235,7 +251,7 @@ func (db *DB) end(st *stripe) {
 func (db *DB) lockKeys(rks [][]byte) (unlock func()) {
 	idx := make([]uint64, 0, len(rks))
 	for _, rk := range rks {
-		idx = append(idx, maphash.Bytes(db.seed, rk)%numStripes)
+		idx = append(idx, db.hash(rk)%numStripes)
 	}
 	slices.Sort(idx)
 	idx = slices.Compact(idx)
@@ -253,6 +269,9 @@ func (db *DB) lockKeys(rks [][]byte) (unlock func()) {
 // An expired record is returned too (live reports which): callers treat it
 // as absent but may need to clean up after it. The caller holds rk's stripe.
 func (db *DB) readLocked(rk []byte, now time.Time) (rec *Record, live bool, err error) {
+	if !db.mayExist(db.hash(rk)) {
+		return nil, false, nil
+	}
 	v, closer, err := db.pdb.Get(rk)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, false, nil
@@ -397,7 +416,9 @@ func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) ([]byte, err
 		return nil, err
 	}
 	rec.storedLen = int64(len(v))
-	db.stripe(rk).writes++
+	h := db.hash(rk)
+	db.stripes[h%numStripes].writes++
+	db.filterAdd(h, old == nil)
 	xk, pk := indexKeys(rk, rec)
 	var oldX, oldP []byte
 	if old != nil {

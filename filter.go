@@ -1,0 +1,207 @@
+package idem
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/idemkv/idem/internal/keys"
+)
+
+// Most claims are of keys never used before, and proving a key absent is
+// the dearest read Pebble does: a search of the whole memtable skiplist,
+// a cache miss per node once it holds a few hundred thousand entries, then
+// a filter probe per table. keyFilter answers most of those claims from
+// memory instead: a Bloom filter over every record key in the store. It
+// may say "maybe" for a key that is absent, which costs the read it would
+// have cost anyway; it must never say "absent" for a stored key, which
+// would let a retry run its operation twice. So:
+//
+//   - every record write adds its key to the filter before it commits
+//     (writeLocked), under the key's stripe, so that no reader of the key
+//     can look between the two;
+//   - a new filter is built by scanning the records in the background
+//     while writes add to both the old and the new one, and replaces the
+//     old one only when the scan is done (buildFilter). Until the first
+//     build ends, every read goes to Pebble;
+//   - deletions leave their bits: a swept key reads as "maybe" until the
+//     next build.
+//
+// A filter is sized for twice the records the previous build found; once
+// as many keys were added to it as it was sized for, the next build
+// starts.
+type keyFilter struct {
+	// words holds the bits, a power of two of them. One word per key, so
+	// a probe costs one cache miss: a key's word is chosen by the top bits
+	// of its hash, and its filterProbes bits within the word by the low
+	// bits.
+	words []atomic.Uint64
+	shift uint
+	// capacity is how many keys the filter holds at about 1% false
+	// positives (16 bits per key); found is how many records its build
+	// scanned, and added counts those and the new records written since.
+	capacity int64
+	found    int64
+	added    atomic.Int64
+}
+
+// filterPair is what writers add to: the filter readers use, and the one
+// being built, if any. It is replaced whole, so that a writer sees both
+// halves of one moment.
+type filterPair struct{ cur, next *keyFilter }
+
+const (
+	filterProbes = 4
+	// minFilterKeys sizes the first filter: 256 KiB.
+	minFilterKeys = 1 << 17
+	// filterRetry is how long a failed build waits before the next.
+	filterRetry = time.Minute
+)
+
+func newKeyFilter(capacity int64) *keyFilter {
+	// 16 bits per key is four keys per word.
+	n := uint64(max(capacity, 4)+3) / 4
+	logN := bits.Len64(n - 1)
+	return &keyFilter{words: make([]atomic.Uint64, 1<<logN), shift: uint(64 - logN), capacity: int64(1<<logN) * 4}
+}
+
+// word returns the word of hash h and the bits h sets in it.
+func (f *keyFilter) word(h uint64) (*atomic.Uint64, uint64) {
+	var mask uint64
+	for i := range filterProbes {
+		mask |= 1 << ((h >> (6 * i)) & 63)
+	}
+	return &f.words[h>>f.shift], mask
+}
+
+func (f *keyFilter) add(h uint64) {
+	w, mask := f.word(h)
+	w.Or(mask)
+}
+
+func (f *keyFilter) mayContain(h uint64) bool {
+	w, mask := f.word(h)
+	return w.Load()&mask == mask
+}
+
+// full reports whether f holds as many keys as it was built for.
+func (f *keyFilter) full() bool { return f.added.Load() >= f.capacity }
+
+// filterAdd adds the record key with hash h to the filters; the caller
+// holds its stripe and has not committed the write yet.
+func (db *DB) filterAdd(h uint64, fresh bool) {
+	p := db.filters.Load()
+	for _, f := range []*keyFilter{p.cur, p.next} {
+		if f == nil {
+			continue
+		}
+		f.add(h)
+		if fresh && f == p.cur && f.added.Add(1) == f.capacity {
+			db.signalRefilter()
+		}
+	}
+}
+
+// mayExist reports whether a record may be stored under the key with hash
+// h; false is certain. The caller holds its stripe.
+func (db *DB) mayExist(h uint64) bool {
+	f := db.filters.Load().cur
+	return f == nil || f.mayContain(h)
+}
+
+// filterLoop builds the first filter and then a larger one each time the
+// current one fills, until Close.
+func (db *DB) filterLoop() {
+	defer db.bg.Done()
+	for {
+		var retry <-chan time.Time
+		if err := db.buildFilter(); err != nil && !errors.Is(err, ErrClosed) {
+			// Reads keep going to Pebble meanwhile.
+			db.opts.Logger.Warn("idem: build key filter", "err", err)
+			retry = time.After(filterRetry)
+		}
+		select {
+		case <-db.stop:
+			return
+		case <-db.refilter:
+		case <-retry:
+		}
+	}
+}
+
+// buildFilter replaces the current filter with one built from the stored
+// records, sized for twice as many as the last build found. It returns
+// ErrClosed if Close began meanwhile. Builds never overlap.
+func (db *DB) buildFilter() error {
+	db.building.Lock()
+	defer db.building.Unlock()
+	old := db.filters.Load().cur
+	capacity := db.minFilter
+	if old != nil {
+		capacity = max(capacity, 2*old.found)
+	}
+	nf := newKeyFilter(capacity)
+	db.filters.Store(&filterPair{cur: old, next: nf})
+	// A writer that took its stripe before the line above may have added
+	// its key to old only; once every stripe has been free, all those
+	// writes have committed, and the scan below sees them.
+	for i := range db.stripes {
+		db.stripes[i].Lock()
+		db.stripes[i].Unlock()
+	}
+	n, err := db.scanRecordKeys(nf)
+	if err != nil {
+		db.filters.Store(&filterPair{cur: old})
+		return err
+	}
+	nf.found = n
+	nf.added.Add(n)
+	db.filters.Store(&filterPair{cur: nf})
+	if n > nf.capacity/2 {
+		// The store outgrew the last build's count: build again, for
+		// twice what this one found.
+		db.signalRefilter()
+	}
+	return nil
+}
+
+func (db *DB) signalRefilter() {
+	select {
+	case db.refilter <- struct{}{}:
+	default:
+	}
+}
+
+// scanRecordKeys adds every stored record key to f and returns how many
+// there were.
+func (db *DB) scanRecordKeys(f *keyFilter) (int64, error) {
+	lo, hi := keys.RecordSpan()
+	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return 0, fmt.Errorf("idem: scan record keys: %w", err)
+	}
+	if db.scanHook != nil {
+		db.scanHook()
+	}
+	var n int64
+	for ok := it.First(); ok; ok = it.Next() {
+		if n%4096 == 0 {
+			select {
+			case <-db.stop:
+				it.Close()
+				return 0, ErrClosed
+			default:
+			}
+		}
+		f.add(db.hash(it.Key()))
+		n++
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return 0, fmt.Errorf("idem: scan record keys: %w", err)
+	}
+	return n, nil
+}
