@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -177,9 +178,11 @@ func decodeRecord(v []byte) (*Record, error) {
 		return nil, err
 	}
 	r := &Record{State: state, ExpiresAt: time.Unix(0, exp)}
-	dec := msgpack.GetDecoder()
-	defer msgpack.PutDecoder(dec)
-	dec.Reset(bytes.NewReader(v[headerLen:]))
+	d := decoders.Get().(*recordDecoder)
+	defer d.release()
+	d.rd.Reset(v[headerLen:])
+	dec := d.dec
+	dec.Reset(&d.rd)
 
 	n, err := dec.DecodeArrayLen()
 	if err != nil || n < payloadFields {
@@ -207,6 +210,22 @@ func decodeRecord(v []byte) (*Record, error) {
 	}
 	r.storedLen = int64(len(v))
 	return r, nil
+}
+
+// recordDecoder keeps a msgpack decoder with the reader it reads from, so
+// that decoding a record on the replay path allocates only what it returns.
+type recordDecoder struct {
+	dec *msgpack.Decoder
+	rd  bytes.Reader
+}
+
+var decoders = sync.Pool{New: func() any { return &recordDecoder{dec: msgpack.NewDecoder(nil)} }}
+
+// release returns d to the pool without a reference to the value it read,
+// which may be a buffer its owner reuses.
+func (d *recordDecoder) release() {
+	d.rd.Reset(nil)
+	decoders.Put(d)
 }
 
 // fieldReader decodes payload fields in order and keeps the first error, so
@@ -264,13 +283,19 @@ func (f *fieldReader) string() string {
 	return v
 }
 
-// fixed decodes a byte string that must be exactly len(dst) long.
+// fixed decodes a byte string that must be exactly len(dst) long into dst.
 func (f *fieldReader) fixed(dst []byte) {
-	if b := f.bytes(); f.err == nil && len(b) != len(dst) {
-		f.err = errCorrupt
-	} else {
-		copy(dst, b)
+	if f.err != nil {
+		return
 	}
+	n, err := f.dec.DecodeBytesLen()
+	if err == nil && n != len(dst) {
+		err = errCorrupt
+	}
+	if err == nil {
+		err = f.dec.ReadFull(dst)
+	}
+	f.err = err
 }
 
 // length decodes an array or map length. Callers cap what they allocate up

@@ -104,3 +104,19 @@ func FuzzDecodeRecord(f *testing.F) {
 		assert.Equal(t, rec, rec2)
 	})
 }
+
+// BenchmarkDecodeRecord decodes what a replay reads: a completed record
+// with one header and a 1 KiB body.
+func BenchmarkDecodeRecord(b *testing.B) {
+	rec := sampleRecord()
+	rec.Response.Header = http.Header{"Content-Type": {"application/json"}}
+	rec.Response.Body = make([]byte, 1024)
+	v, err := rec.encode(nil)
+	require.NoError(b, err)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := decodeRecord(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
