@@ -8,8 +8,9 @@ import (
 )
 
 const (
-	workClaim  = "claim+complete"
-	workReplay = "replay"
+	workClaim     = "claim+complete"
+	workReplay    = "replay"
+	workReplayAll = "replay-all"
 )
 
 // baselines are the systems every other row is compared with, in the
@@ -32,6 +33,17 @@ type results struct {
 type overhead struct{ bare, wrapped time.Duration }
 
 func (o overhead) perRequest() time.Duration { return o.wrapped - o.bare }
+
+// best returns system's fastest row in workload.
+func (res results) best(workload, system string) (row, bool) {
+	var b row
+	for _, r := range res.rows {
+		if r.workload == workload && r.system == system && (b.ops == 0 || r.rate() > b.rate()) {
+			b = r
+		}
+	}
+	return b, b.ops > 0
+}
 
 // find returns the row of system in workload at conc.
 func (res results) find(workload, system string, conc int) (row, bool) {
@@ -121,16 +133,14 @@ func goals(res results) []goal {
 			})
 		}
 	}
-	var best row
-	for _, r := range res.rows {
-		if r.workload == workReplay && r.system == "idem" && (best.ops == 0 || r.rate() > best.rate()) {
-			best = r
+	if best, ok := res.best(workReplay, "idem"); ok {
+		measured := fmt.Sprintf("%.0f ops/s (best cell, conc=%d)", best.rate(), best.conc)
+		if all, ok := res.best(workReplayAll, "idem"); ok {
+			measured += fmt.Sprintf("; %s: %.0f ops/s (conc=%d)", workReplayAll, all.rate(), all.conc)
 		}
-	}
-	if best.ops > 0 {
 		gs = append(gs, goal{
 			goal:     "replay in process: idem ≥ 150000 ops/s",
-			measured: fmt.Sprintf("%.0f ops/s (best cell, conc=%d)", best.rate(), best.conc),
+			measured: measured,
 			met:      best.rate() >= 150000,
 		})
 	}

@@ -49,7 +49,7 @@ var palette = map[string]string{
 func charts(rows []row, systems []string) (throughput, p99 chart) {
 	throughput = chart{title: "Throughput vs concurrency (higher is better)", yLabel: "ops/s", format: formatCount}
 	p99 = chart{title: "p99 latency vs concurrency (lower is better)", yLabel: "p99 latency", format: formatSeconds}
-	for _, w := range []string{workClaim, workReplay} {
+	for _, w := range []string{workClaim, workReplay, workReplayAll} {
 		tp, lp := panel{title: w}, panel{title: w}
 		for _, sys := range systems {
 			var ts, ls series
