@@ -82,10 +82,9 @@ type DB struct {
 	filters  atomic.Pointer[filterPair]
 	building sync.Mutex    // held by buildFilter
 	refilter chan struct{} // asks filterLoop for a new build
-	// minFilter is the smallest filter built, and scanHook runs once a
-	// build's scan has its snapshot; tests change both, holding building.
+	// minFilter is the smallest filter built; tests change it, holding
+	// building.
 	minFilter int64
-	scanHook  func()
 
 	// ops is read-locked by every operation and write-locked by Close, so
 	// that Close waits for operations in flight and none starts after it.

@@ -88,9 +88,6 @@ func (f *keyFilter) mayContain(h uint64) bool {
 	return w.Load()&mask == mask
 }
 
-// full reports whether f holds as many keys as it was built for.
-func (f *keyFilter) full() bool { return f.added.Load() >= f.capacity }
-
 // filterAdd adds the record key with hash h to the filters; the caller
 // holds its stripe and has not committed the write yet.
 func (db *DB) filterAdd(h uint64, fresh bool) {
@@ -119,7 +116,7 @@ func (db *DB) filterLoop() {
 	defer db.bg.Done()
 	for {
 		var retry <-chan time.Time
-		if err := db.buildFilter(); err != nil && !errors.Is(err, ErrClosed) {
+		if err := db.buildFilter(nil); err != nil && !errors.Is(err, ErrClosed) {
 			// Reads keep going to Pebble meanwhile.
 			db.opts.Logger.Warn("idem: build key filter", "err", err)
 			retry = time.After(filterRetry)
@@ -135,8 +132,11 @@ func (db *DB) filterLoop() {
 
 // buildFilter replaces the current filter with one built from the stored
 // records, sized for twice as many as the last build found. It returns
-// ErrClosed if Close began meanwhile. Builds never overlap.
-func (db *DB) buildFilter() error {
+// ErrClosed if Close began meanwhile. Builds never overlap. afterSnapshot,
+// if not nil, runs once the scan has its snapshot: tests write behind the
+// scan's back with it. It is an argument rather than a field so that only
+// the build a test starts runs it, never one of the background loop's.
+func (db *DB) buildFilter(afterSnapshot func()) error {
 	db.building.Lock()
 	defer db.building.Unlock()
 	old := db.filters.Load().cur
@@ -153,7 +153,7 @@ func (db *DB) buildFilter() error {
 		db.stripes[i].Lock()
 		db.stripes[i].Unlock()
 	}
-	n, err := db.scanRecordKeys(nf)
+	n, err := db.scanRecordKeys(nf, afterSnapshot)
 	if err != nil {
 		db.filters.Store(&filterPair{cur: old})
 		return err
@@ -177,15 +177,15 @@ func (db *DB) signalRefilter() {
 }
 
 // scanRecordKeys adds every stored record key to f and returns how many
-// there were.
-func (db *DB) scanRecordKeys(f *keyFilter) (int64, error) {
+// there were. afterSnapshot is buildFilter's.
+func (db *DB) scanRecordKeys(f *keyFilter, afterSnapshot func()) (int64, error) {
 	lo, hi := keys.RecordSpan()
 	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return 0, fmt.Errorf("idem: scan record keys: %w", err)
 	}
-	if db.scanHook != nil {
-		db.scanHook()
+	if afterSnapshot != nil {
+		afterSnapshot()
 	}
 	var n int64
 	for ok := it.First(); ok; ok = it.Next() {
