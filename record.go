@@ -188,7 +188,7 @@ func decodeRecord(v []byte) (*Record, error) {
 	if err != nil || n < payloadFields {
 		return nil, errCorrupt
 	}
-	f := fieldReader{dec: dec}
+	f := fieldReader{dec: dec, rd: &d.rd}
 	f.fixed(r.Fingerprint[:])
 	f.fixed(r.token[:])
 	r.CreatedAt = time.Unix(0, f.int())
@@ -232,6 +232,7 @@ func (d *recordDecoder) release() {
 // that nothing past a broken field is read.
 type fieldReader struct {
 	dec *msgpack.Decoder
+	rd  *bytes.Reader // what dec reads from
 	err error
 }
 
@@ -265,12 +266,27 @@ func (f *fieldReader) bool() bool {
 	return v
 }
 
+// bytes decodes a byte string. Its declared length is checked against
+// what is left of the value first: the decoder would allocate that length
+// before finding that the bytes are missing, and a damaged value must cost
+// an error, not gigabytes.
 func (f *fieldReader) bytes() []byte {
 	if f.err != nil {
 		return nil
 	}
-	v, err := f.dec.DecodeBytes()
-	f.err = err
+	n, err := f.dec.DecodeBytesLen()
+	switch {
+	case err != nil:
+		f.err = err
+		return nil
+	case n < 0: // nil
+		return nil
+	case n > f.rd.Len():
+		f.err = errCorrupt
+		return nil
+	}
+	v := make([]byte, n)
+	f.err = f.dec.ReadFull(v)
 	return v
 }
 

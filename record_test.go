@@ -1,7 +1,9 @@
 package idem
 
 import (
+	"bytes"
 	"net/http"
+	"runtime"
 	"testing"
 	"time"
 
@@ -118,5 +120,48 @@ func BenchmarkDecodeRecord(b *testing.B) {
 		if _, err := decodeRecord(v); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestDecodeRefusesLengthsBeyondTheValue: a byte or text string whose
+// declared length runs past the end of the value is corrupt, and is found
+// so before anything that long is allocated. A damaged value must cost an
+// error, never a gigabyte.
+func TestDecodeRefusesLengthsBeyondTheValue(t *testing.T) {
+	long := bytes.Repeat([]byte{'a'}, 70000) // long enough for a 32-bit length
+	withBody, withHeader, withTrailer := sampleRecord(), sampleRecord(), sampleRecord()
+	withBody.Response.Body = long
+	withHeader.Response.Header = http.Header{"X-Long": {string(long)}}
+	for _, tc := range []struct {
+		name string
+		rec  *Record
+		code byte // msgpack bin32 or str32
+	}{
+		{"body", withBody, 0xc6},
+		{"header value", withHeader, 0xdb},
+		{"later field", withTrailer, 0xc6},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := tc.rec.encode(nil)
+			require.NoError(t, err)
+			var i int
+			if tc.name == "later field" {
+				// A field after the ones this version knows.
+				v[headerLen] = 0x90 | (payloadFields + 1)
+				i = len(v)
+				v = append(v, 0xc6, 0, 1, 0x11, 0x70)
+			} else {
+				i = bytes.Index(v, []byte{tc.code, 0, 1, 0x11, 0x70})
+				require.Positive(t, i, "the 70000-byte string is not where the test expects it")
+			}
+			// Claim 1 GiB, then end the value.
+			forged := append(v[:i+1:i+1], 0x40, 0, 0, 0)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, err = decodeRecord(forged)
+			runtime.ReadMemStats(&after)
+			assert.ErrorIs(t, err, ErrCorrupt)
+			assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "decoding allocated what the forged length claimed")
+		})
 	}
 }
