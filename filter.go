@@ -31,9 +31,8 @@ import (
 //   - deletions leave their bits: a swept key reads as "maybe" until the
 //     next build.
 //
-// A filter is sized for twice the records the previous build found; once
-// as many keys were added to it as it was sized for, the next build
-// starts.
+// A filter is sized for twice the keys its predecessor holds; once as many
+// keys were added to it as it was sized for, the next build starts.
 type keyFilter struct {
 	// words holds the bits, a power of two of them. One word per key, so
 	// a probe costs one cache miss: a key's word is chosen by the top bits
@@ -97,7 +96,11 @@ func (db *DB) filterAdd(h uint64, fresh bool) {
 			continue
 		}
 		f.add(h)
-		if fresh && f == p.cur && f.added.Add(1) == f.capacity {
+		// The filter being built counts new keys too: those written after
+		// its scan's snapshot are in no other count. A key both written
+		// during the build and found by its scan counts twice, which only
+		// brings the next build nearer.
+		if fresh && f.added.Add(1) == f.capacity && f == p.cur {
 			db.signalRefilter()
 		}
 	}
@@ -131,7 +134,7 @@ func (db *DB) filterLoop() {
 }
 
 // buildFilter replaces the current filter with one built from the stored
-// records, sized for twice as many as the last build found. It returns
+// records, sized by filterCapacity. It returns
 // ErrClosed if Close began meanwhile. Builds never overlap. afterSnapshot,
 // if not nil, runs once the scan has its snapshot: tests write behind the
 // scan's back with it. It is an argument rather than a field so that only
@@ -140,11 +143,7 @@ func (db *DB) buildFilter(afterSnapshot func()) error {
 	db.building.Lock()
 	defer db.building.Unlock()
 	old := db.filters.Load().cur
-	capacity := db.minFilter
-	if old != nil {
-		capacity = max(capacity, 2*old.found)
-	}
-	nf := newKeyFilter(capacity)
+	nf := newKeyFilter(filterCapacity(old, db.minFilter))
 	db.filters.Store(&filterPair{cur: old, next: nf})
 	// A writer that took its stripe before the line above may have added
 	// its key to old only; once every stripe has been free, all those
@@ -161,12 +160,26 @@ func (db *DB) buildFilter(afterSnapshot func()) error {
 	nf.found = n
 	nf.added.Add(n)
 	db.filters.Store(&filterPair{cur: nf})
-	if n > nf.capacity/2 {
-		// The store outgrew the last build's count: build again, for
-		// twice what this one found.
+	if nf.added.Load() > nf.capacity/2 {
+		// Born more than half full (the store outgrew the old filter's
+		// count, or writes went on during the scan, and may even have
+		// passed the point where filterAdd asks for a build): build
+		// again, for twice what this one holds.
 		db.signalRefilter()
 	}
 	return nil
+}
+
+// filterCapacity sizes the filter that replaces old: for twice the keys
+// old holds, the ones its build found and the ones written since, and for
+// at least minKeys. Sizing from the build's count alone would, when the
+// writes are what filled old, make a filter no larger than old and full at
+// once, and cost a second build.
+func filterCapacity(old *keyFilter, minKeys int64) int64 {
+	if old == nil {
+		return minKeys
+	}
+	return max(minKeys, 2*old.added.Load())
 }
 
 func (db *DB) signalRefilter() {

@@ -168,3 +168,17 @@ func TestFilterGrowsWithTheStoreWhileWritesGoOn(t *testing.T) {
 		require.ErrorIs(t, err, ErrInProgress, "key %d", i)
 	}
 }
+
+// TestFilterCapacity: a filter is replaced by one sized for twice the keys
+// it holds, counting those written since its build, so that a filter the
+// writes filled is outgrown in one build.
+func TestFilterCapacity(t *testing.T) {
+	assert.Equal(t, int64(16), filterCapacity(nil, 16), "first build")
+	filled := newKeyFilter(16)
+	filled.found = 4
+	filled.added.Store(16) // 4 found by its build, 12 written since
+	assert.Equal(t, int64(32), filterCapacity(filled, 16))
+	small := newKeyFilter(16)
+	small.added.Store(3)
+	assert.Equal(t, int64(16), filterCapacity(small, 16), "never below the minimum")
+}
