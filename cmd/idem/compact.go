@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -78,14 +79,25 @@ func dirBytes(dir string) (int64, error) {
 		if err != nil || d.IsDir() {
 			return err
 		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		n += info.Size()
-		return nil
+		size, err := entryBytes(d)
+		n += size
+		return err
 	})
 	return n, err
+}
+
+// entryBytes is the size of a listed file. Pebble deletes obsolete files
+// in the background, an older OPTIONS file right after Open for one, so a
+// file listed a moment ago may be gone: it takes no space.
+func entryBytes(d fs.DirEntry) (int64, error) {
+	info, err := d.Info()
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return info.Size(), nil
 }
 
 // progress shows how far a compaction has come: a bar redrawn in place on

@@ -324,6 +324,26 @@ func TestCompact(t *testing.T) {
 	assert.Contains(t, r.stdout, "swept 0 expired records")
 }
 
+// TestEntryBytesOfAVanishedFile: Pebble deletes obsolete files while
+// compact adds up the directory, so a file listed and then removed counts
+// as empty rather than failing the command (as it once did in CI, on an
+// OPTIONS file).
+func TestEntryBytesOfAVanishedFile(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "OPTIONS-000001"), make([]byte, 100), 0o644))
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	n, err := entryBytes(entries[0])
+	require.NoError(t, err)
+	assert.Equal(t, int64(100), n)
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "OPTIONS-000001")))
+	n, err = entryBytes(entries[0])
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
+
 func TestProgressBar(t *testing.T) {
 	cases := []struct {
 		p    idem.CompactProgress
