@@ -266,23 +266,25 @@ func (f *fieldReader) bool() bool {
 	return v
 }
 
-// bytes decodes a byte string. Its declared length is checked against
-// what is left of the value first: the decoder would allocate that length
-// before finding that the bytes are missing, and a damaged value must cost
-// an error, not gigabytes.
-func (f *fieldReader) bytes() []byte {
+// byteLen decodes the length of a byte string, -1 for nil. A length that
+// runs past the end of the value is corrupt, and is refused before anyone
+// allocates it: the decoder would allocate first and find the bytes
+// missing after, and a damaged value must cost an error, not gigabytes.
+func (f *fieldReader) byteLen() int {
 	if f.err != nil {
-		return nil
+		return -1
 	}
 	n, err := f.dec.DecodeBytesLen()
-	switch {
-	case err != nil:
-		f.err = err
-		return nil
-	case n < 0: // nil
-		return nil
-	case n > f.rd.Len():
-		f.err = errCorrupt
+	if err == nil && n > f.rd.Len() {
+		err = errCorrupt
+	}
+	f.err = err
+	return n
+}
+
+func (f *fieldReader) bytes() []byte {
+	n := f.byteLen()
+	if f.err != nil || n < 0 {
 		return nil
 	}
 	v := make([]byte, n)
@@ -301,17 +303,12 @@ func (f *fieldReader) string() string {
 
 // fixed decodes a byte string that must be exactly len(dst) long into dst.
 func (f *fieldReader) fixed(dst []byte) {
-	if f.err != nil {
-		return
+	if n := f.byteLen(); f.err == nil && n != len(dst) {
+		f.err = errCorrupt
 	}
-	n, err := f.dec.DecodeBytesLen()
-	if err == nil && n != len(dst) {
-		err = errCorrupt
+	if f.err == nil {
+		f.err = f.dec.ReadFull(dst)
 	}
-	if err == nil {
-		err = f.dec.ReadFull(dst)
-	}
-	f.err = err
 }
 
 // length decodes an array or map length. Callers cap what they allocate up
