@@ -41,10 +41,9 @@ type keyFilter struct {
 	words []atomic.Uint64
 	shift uint
 	// capacity is how many keys the filter holds at about 1% false
-	// positives (16 bits per key); found is how many records its build
-	// scanned, and added counts those and the new records written since.
+	// positives (16 bits per key); added counts the records its build
+	// scanned and the new records written since.
 	capacity int64
-	found    int64
 	added    atomic.Int64
 }
 
@@ -157,7 +156,6 @@ func (db *DB) buildFilter(afterSnapshot func()) error {
 		db.filters.Store(&filterPair{cur: old})
 		return err
 	}
-	nf.found = n
 	nf.added.Add(n)
 	db.filters.Store(&filterPair{cur: nf})
 	if nf.added.Load() > nf.capacity/2 {
