@@ -597,7 +597,11 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 }
 
 func (pebbleLogger) Fatalf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "idem: fatal storage error, exiting so that no unsynced write is acknowledged: %s\n", fmt.Sprintf(format, args...))
+	exitOnStorageFault(fmt.Sprintf(format, args...))
+}
+
+func exitOnStorageFault(msg string) {
+	fmt.Fprintf(os.Stderr, "idem: fatal storage error, exiting so that no unsynced write is acknowledged: %s\n", msg)
 	os.Exit(fatalExitCode)
 }
 

@@ -20,8 +20,10 @@
 // completion before the response may be sent. Concurrent writers share
 // syncs through a group commit, and each keeps its key's stripe lock until
 // its own write is durable, so nobody reads a claim that a crash could
-// still take back. A failure to write or sync the log ends the process:
-// carrying on could acknowledge a write that is not on disk.
+// still take back. A failure to write, sync or close the log ends the
+// process with exit status 74 and a line on standard error naming the
+// failed operation: carrying on could acknowledge a write that is not on
+// disk.
 //
 // Most claims are of keys never seen. A Bloom filter over every stored key,
 // rebuilt in the background as the store grows, answers those from memory

@@ -148,7 +148,7 @@ func TestWALFailureEndsProcess(t *testing.T) {
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "output: %s", out)
 	assert.Equal(t, 74, exit.ExitCode())
-	assert.Contains(t, string(out), "idem: fatal storage error")
+	assert.Regexp(t, `idem: fatal storage error.*: sync \S+\.log: `, string(out))
 	assert.NotContains(t, string(out), "child survived")
 
 	db, err := idem.Open(filepath.Join(dir, "db"), &idem.Options{SweepInterval: -1})

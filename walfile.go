@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -18,10 +19,18 @@ import (
 // of each log file, filled in the background, so that the log's own writes
 // land on existing blocks. Pebble reads a run of zeros after the last record
 // as the end of the log: it is what preallocation leaves behind.
+//
+// walFS also ends the process at the first failed write, sync or close of
+// a log, on disk or in memory. Pebble treats each of these as fatal too,
+// but not always by calling its logger's Fatalf: when the failure meets a
+// memtable rotation, Pebble panics with its own mutex released, and the
+// runtime dies of "unlock of unlocked mutex" instead, with no clear message
+// and the wrong exit status.
 type walFS struct {
 	vfs.FS
-	ahead int64 // zeros to keep ahead of the log's end
-	chunk int64 // zeros written by one fill
+	ahead int64            // zeros to keep ahead of the log's end
+	chunk int64            // zeros written by one fill
+	fatal func(msg string) // ends the process on a failed log operation; returns only in tests
 }
 
 // walCategory is the write category Pebble gives its log files.
@@ -36,42 +45,45 @@ const (
 )
 
 func newWALFS(fs vfs.FS) vfs.FS {
-	return &walFS{FS: fs, ahead: walZeroAhead, chunk: walZeroChunk}
+	return &walFS{FS: fs, ahead: walZeroAhead, chunk: walZeroChunk, fatal: exitOnStorageFault}
 }
 
 func (fs *walFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := fs.FS.Create(name, category)
-	return fs.wrap(f, category, err)
+	return fs.wrap(f, name, category, err)
 }
 
 func (fs *walFS) ReuseForWrite(oldname, newname string, category vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := fs.FS.ReuseForWrite(oldname, newname, category)
-	return fs.wrap(f, category, err)
+	return fs.wrap(f, newname, category, err)
 }
 
-func (fs *walFS) wrap(f vfs.File, category vfs.DiskWriteCategory, err error) (vfs.File, error) {
-	// Files without a descriptor live in memory, where a sync costs the
-	// same either way.
-	if err != nil || category != walCategory || f.Fd() == vfs.InvalidFd {
+func (fs *walFS) wrap(f vfs.File, name string, category vfs.DiskWriteCategory, err error) (vfs.File, error) {
+	if err != nil || category != walCategory {
 		return f, err
 	}
+	w := &walFile{File: f, fs: fs, name: name}
+	w.cond.L = &w.mu
 	// A reused log already has blocks up to its size; they hold an older
 	// log, which Pebble tells apart from the new one by its log number.
 	info, err := f.Stat()
-	if err != nil {
-		return f, nil
+	if err == nil {
+		w.zeroed = info.Size()
 	}
-	w := &walFile{File: f, fs: fs, zeroed: info.Size()}
-	w.cond.L = &w.mu
+	// Files without a descriptor live in memory, where a sync costs the
+	// same either way: they are never filled.
+	w.stopped = err != nil || f.Fd() == vfs.InvalidFd
 	return w, nil
 }
 
-// walFile is one log file with zeros kept ahead of its end. Pebble writes a
-// log from one goroutine at a time, with Write; a fill runs beside it in
-// another goroutine, always wholly beyond the end of what the log wrote.
+// walFile is one log file with zeros kept ahead of its end, whose failures
+// end the process. Pebble writes a log from one goroutine at a time, with
+// Write; a fill runs beside it in another goroutine, always wholly beyond
+// the end of what the log wrote.
 type walFile struct {
 	vfs.File
-	fs *walFS
+	fs   *walFS
+	name string
 
 	mu        sync.Mutex
 	cond      sync.Cond
@@ -109,17 +121,36 @@ func (w *walFile) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	w.end += int64(n)
 	w.mu.Unlock()
-	return n, err
+	return n, w.check("write", err)
+}
+
+func (w *walFile) Sync() error     { return w.check("sync", w.File.Sync()) }
+func (w *walFile) SyncData() error { return w.check("sync", w.File.SyncData()) }
+
+func (w *walFile) SyncTo(length int64) (bool, error) {
+	full, err := w.File.SyncTo(length)
+	return full, w.check("sync", err)
+}
+
+// check hands a failure of the log to fs.fatal, before Pebble sees it.
+func (w *walFile) check(op string, err error) error {
+	if err != nil {
+		w.fs.fatal(fmt.Sprintf("%s %s: %v", op, w.name, err))
+	}
+	return err
 }
 
 // fill writes a chunk of zeros from off and syncs it, so that the size and
-// the blocks are on disk before the log writes over them. A failure (a full
-// disk, say) only stops the filling: the log then grows its file as it
-// would have without walFS, and reports its own errors.
+// the blocks are on disk before the log writes over them. A failed write (a
+// full disk, say) only stops the filling: the log then grows its file as it
+// would have without walFS, and reports its own errors. A failed sync is
+// fatal like the log's own: it flushes the log's pages too, and Linux
+// reports a lost page to one sync of a descriptor only, so the log's next
+// sync could succeed over a write that never reached the disk.
 func (w *walFile) fill(off int64) {
 	err := w.writeZeros(off)
 	if err == nil {
-		err = w.File.SyncData()
+		err = w.check("sync", w.File.SyncData())
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -157,5 +188,5 @@ func (w *walFile) Close() error {
 		w.cond.Wait()
 	}
 	w.mu.Unlock()
-	return w.File.Close()
+	return w.check("close", w.File.Close())
 }

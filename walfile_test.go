@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -15,7 +16,9 @@ import (
 
 // smallWALFS fills in small steps, so that a short test sees many fills and
 // the log catching up with them.
-func smallWALFS() *walFS { return &walFS{FS: vfs.Default, ahead: 64 << 10, chunk: 16 << 10} }
+func smallWALFS() *walFS {
+	return &walFS{FS: vfs.Default, ahead: 64 << 10, chunk: 16 << 10, fatal: func(msg string) { panic(msg) }}
+}
 
 func TestWALFileKeepsZerosAheadAndNeverOverwritesTheLog(t *testing.T) {
 	fs := smallWALFS()
@@ -76,7 +79,7 @@ func TestWALFileReusedLogKeepsItsOldBlocks(t *testing.T) {
 	assert.Equal(t, make([]byte, len(got)-len(old)), got[len(old):])
 }
 
-func TestWALFSWrapsOnlyLogFilesOnDisk(t *testing.T) {
+func TestWALFSFillsOnlyLogFilesOnDisk(t *testing.T) {
 	dir := t.TempDir()
 	disk := smallWALFS()
 	table, err := disk.Create(filepath.Join(dir, "000003.sst"), "pebble-flush")
@@ -88,9 +91,91 @@ func TestWALFSWrapsOnlyLogFilesOnDisk(t *testing.T) {
 	mem := &walFS{FS: vfs.NewMem(), ahead: 64 << 10, chunk: 16 << 10}
 	log, err := mem.Create("000001.log", walCategory)
 	require.NoError(t, err)
-	defer log.Close()
-	_, wrapped = log.(*walFile)
-	assert.False(t, wrapped, "a log in memory has nothing to gain")
+	_, err = log.Write(make([]byte, 100<<10))
+	require.NoError(t, err)
+	require.NoError(t, log.Close())
+	info, err := mem.Stat("000001.log")
+	require.NoError(t, err)
+	assert.Equal(t, int64(100<<10), info.Size(), "a log in memory has nothing to gain from zeros")
+}
+
+// failingFile fails every write, sync and close with err, and positioned
+// writes with writeAt if set.
+type failingFile struct {
+	vfs.File
+	err, writeAt error
+}
+
+func (f failingFile) WriteAt(p []byte, off int64) (int, error) {
+	if f.writeAt != nil {
+		return 0, f.writeAt
+	}
+	return f.File.WriteAt(p, off)
+}
+
+func (f failingFile) Write([]byte) (int, error)      { return 0, f.err }
+func (f failingFile) Sync() error                    { return f.err }
+func (f failingFile) SyncData() error                { return f.err }
+func (f failingFile) SyncTo(int64) (bool, error)     { return false, f.err }
+func (f failingFile) Close() error                   { return f.err }
+func (f failingFile) Preallocate(int64, int64) error { return nil }
+
+// Pebble does not always get as far as its own Fatalf after a failed log
+// operation (a failed close during a memtable rotation panics with its mutex
+// released), so the log file itself must end the process, before Pebble
+// sees the error.
+func TestWALFileFailureIsFatalBeforePebbleSeesIt(t *testing.T) {
+	injected := errors.New("injected")
+	for _, c := range []struct {
+		name, op string
+		call     func(f vfs.File) error
+	}{
+		{"Write", "write", func(f vfs.File) error { _, err := f.Write([]byte("x")); return err }},
+		{"Sync", "sync", func(f vfs.File) error { return f.Sync() }},
+		{"SyncData", "sync", func(f vfs.File) error { return f.SyncData() }},
+		{"SyncTo", "sync", func(f vfs.File) error { _, err := f.SyncTo(1); return err }},
+		{"Close", "close", func(f vfs.File) error { return f.Close() }},
+	} {
+		mem := vfs.NewMem()
+		inner, err := mem.Create("000004.log", walCategory)
+		require.NoError(t, err)
+		var fatal []string
+		fs := &walFS{FS: mem, fatal: func(msg string) { fatal = append(fatal, msg) }}
+		f, err := fs.wrap(failingFile{File: inner, err: injected}, "000004.log", walCategory, nil)
+		require.NoError(t, err)
+
+		err = c.call(f)
+		assert.ErrorIs(t, err, injected, c.name)
+		assert.Equal(t, []string{c.op + " 000004.log: injected"}, fatal, c.name)
+	}
+}
+
+// A fill's sync flushes the log's pages too, and may be the one sync told
+// that one of them was lost; a fill's failed write only stops the filling.
+func TestWALFileFillFailures(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		file  failingFile
+		fatal []string
+	}{
+		{"sync", failingFile{err: errors.New("injected")}, []string{"sync 000004.log: injected"}},
+		{"write", failingFile{err: errors.New("injected"), writeAt: errors.New("no space")}, nil},
+	} {
+		mem := vfs.NewMem()
+		inner, err := mem.Create("000004.log", walCategory)
+		require.NoError(t, err)
+		c.file.File = inner
+		var fatal []string
+		fs := &walFS{FS: mem, ahead: 64 << 10, chunk: 16 << 10, fatal: func(msg string) { fatal = append(fatal, msg) }}
+		w := &walFile{File: c.file, fs: fs, name: "000004.log", filling: true}
+		w.cond.L = &w.mu
+
+		w.fill(0)
+		assert.Equal(t, c.fatal, fatal, c.name)
+		assert.Zero(t, w.zeroed, c.name)
+		assert.True(t, w.stopped, "a failed fill stops the filling (%s)", c.name)
+		assert.False(t, w.filling, c.name)
+	}
 }
 
 // The store's own log carries zeros after its last record, on a fresh store
