@@ -49,8 +49,12 @@ func (r *recorder) WriteHeader(status int) {
 	r.header = storableHeader(r.w.Header())
 	r.sent = r.w.Header().Clone()
 	r.length = -1
-	if n, err := strconv.ParseInt(r.sent.Get("Content-Length"), 10, 64); err == nil && n >= 0 {
-		r.length = n
+	// Most handlers leave the length to net/http; parsing "" would build
+	// an error on every request.
+	if cl := r.sent.Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+			r.length = n
+		}
 	}
 }
 
