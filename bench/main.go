@@ -2,7 +2,7 @@
 // on this machine, in one run, interleaved, so that every ratio it prints
 // compares figures taken under the same conditions.
 //
-//	go run ./bench [-duration 3s] [-conc 1,16,64] [-systems ...] [-out DIR] [-pg DSN] [-redis ADDR]
+//	go run ./bench [-duration 3s] [-conc 1,16,64] [-rounds 3] [-systems ...] [-out DIR] [-pg DSN] [-redis ADDR]
 //
 // Workloads: "claim+complete" is one durable claim (fingerprint, state in
 // progress, expiry) followed by one durable completion with a 1 KiB body,
@@ -16,6 +16,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -40,9 +41,13 @@ func main() {
 	dataDir := flag.String("data", ".", "directory under which the temporary stores are created")
 	pgDSN := flag.String("pg", "", "PostgreSQL connection string, for the postgres system (e.g. postgres://user@127.0.0.1:55432/db)")
 	redisAddr := flag.String("redis", "", "Redis address, for the redis system; the server must run appendonly yes, appendfsync always")
+	rounds := flag.Int("rounds", 3, "how many times each claim+complete cell runs, interleaved; the table shows the median run")
 	flag.Parse()
 
 	cfg, err := parseConfig(*concList, *systemList)
+	if err == nil && *rounds < 1 {
+		err = fmt.Errorf("bad -rounds %d: at least 1", *rounds)
+	}
 	if err == nil {
 		cfg.pgDSN, cfg.redisAddr = *pgDSN, *redisAddr
 		err = cfg.check()
@@ -52,7 +57,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	cfg.duration, cfg.body = *duration, make([]byte, *bodySize)
+	cfg.duration, cfg.body, cfg.rounds = *duration, make([]byte, *bodySize), *rounds
 	res, err := run(context.Background(), cfg, *dataDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -96,6 +101,7 @@ type config struct {
 	body      []byte
 	pgDSN     string
 	redisAddr string
+	rounds    int // runs of each claim+complete cell
 }
 
 func (c config) maxConc() int { return slices.Max(c.concs) }
@@ -151,6 +157,7 @@ type row struct {
 	elapsed    time.Duration
 	p50, p99   time.Duration
 	syncsPerOp float64
+	lo, hi     float64 // ops/s of the slowest and fastest run, when the cell ran in rounds
 }
 
 func (r row) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -176,27 +183,41 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 		systems[name], done[name] = s, &opLog{}
 	}
 	// Interleave: every system runs each cell before the next cell starts,
-	// so slow drift of the machine hits them all alike.
+	// so slow drift of the machine hits them all alike. Runs of the same
+	// cell vary by 10-15% on a shared disk, more than some goals' margins,
+	// so each cell runs in several rounds and reports its median run.
+	type cell struct {
+		conc   int
+		system string
+	}
+	runs := map[cell][]row{}
+	for range cfg.rounds {
+		for _, conc := range cfg.concs {
+			for _, name := range cfg.systems {
+				s, log := systems[name], done[name]
+				if cs, ok := s.(cellStarter); ok {
+					cs.startCell(conc)
+				}
+				s.syncsPerOp() // start counting here
+				r, err := measure(ctx, conc, cfg.duration, func(rng *rand.Rand) error {
+					o := newOp(rng.IntN(100))
+					if err := s.claimComplete(ctx, o, cfg.body); err != nil {
+						return err
+					}
+					log.add(o)
+					return nil
+				})
+				if err != nil {
+					return res, fmt.Errorf("%s claim+complete: %w", name, err)
+				}
+				r.workload, r.system, r.syncsPerOp = workClaim, name, s.syncsPerOp()
+				runs[cell{conc, name}] = append(runs[cell{conc, name}], r)
+			}
+		}
+	}
 	for _, conc := range cfg.concs {
 		for _, name := range cfg.systems {
-			s, log := systems[name], done[name]
-			if cs, ok := s.(cellStarter); ok {
-				cs.startCell(conc)
-			}
-			s.syncsPerOp() // start counting here
-			r, err := measure(ctx, conc, cfg.duration, func(rng *rand.Rand) error {
-				o := newOp(rng.IntN(100))
-				if err := s.claimComplete(ctx, o, cfg.body); err != nil {
-					return err
-				}
-				log.add(o)
-				return nil
-			})
-			if err != nil {
-				return res, fmt.Errorf("%s claim+complete: %w", name, err)
-			}
-			r.workload, r.system, r.syncsPerOp = workClaim, name, s.syncsPerOp()
-			res.rows = append(res.rows, r)
+			res.rows = append(res.rows, median(runs[cell{conc, name}]))
 		}
 	}
 	for _, w := range []struct {
@@ -236,6 +257,16 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 		res.overhead = &overhead{bare: bare, wrapped: wrapped}
 	}
 	return res, nil
+}
+
+// median returns the run with the median throughput, its lo and hi set to
+// the slowest and fastest runs' throughput; of an even count, the slower
+// of the middle two.
+func median(runs []row) row {
+	slices.SortFunc(runs, func(a, b row) int { return cmp.Compare(a.rate(), b.rate()) })
+	m := runs[(len(runs)-1)/2]
+	m.lo, m.hi = runs[0].rate(), runs[len(runs)-1].rate()
+	return m
 }
 
 // recentKeys is how many of the keys a system completed last the replay

@@ -65,17 +65,34 @@ func markdown(res results) string {
 		}
 	}
 	var b strings.Builder
-	b.WriteString("| workload | conc | system | ops/s | p50 | p99 | syncs/op |")
+	rounds := res.cfg.rounds > 1
+	b.WriteString("| workload | conc | system | ops/s |")
+	if rounds {
+		b.WriteString(" runs |")
+	}
+	b.WriteString(" p50 | p99 | syncs/op |")
 	for _, i := range present {
 		b.WriteString(" " + baselines[i].heading + " |")
 	}
-	b.WriteString("\n|---|---:|---|---:|---:|---:|---:|" + strings.Repeat("---:|", len(present)) + "\n")
+	b.WriteString("\n|---|---:|---|---:|" + strings.Repeat("---:|", 3+len(present)))
+	if rounds {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
 	for _, r := range res.rows {
 		syncs := ""
 		if r.syncsPerOp > 0 {
 			syncs = fmt.Sprintf("%.3f", r.syncsPerOp)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %.0f | %s | %s | %s |", r.workload, r.conc, r.system, r.rate(), round(r.p50), round(r.p99), syncs)
+		fmt.Fprintf(&b, "| %s | %d | %s | %.0f |", r.workload, r.conc, r.system, r.rate())
+		if rounds {
+			spread := ""
+			if r.hi > 0 {
+				spread = fmt.Sprintf("%.0f–%.0f", r.lo, r.hi)
+			}
+			b.WriteString(" " + spread + " |")
+		}
+		fmt.Fprintf(&b, " %s | %s | %s |", round(r.p50), round(r.p99), syncs)
 		for _, i := range present {
 			cell := ""
 			if br, ok := res.find(r.workload, baselines[i].system, r.conc); ok {
@@ -86,6 +103,9 @@ func markdown(res results) string {
 		b.WriteString("\n")
 	}
 	fmt.Fprintf(&b, "\n%s per cell, %d-byte bodies, GOMAXPROCS=%d.", res.cfg.duration, len(res.cfg.body), runtimeProcs())
+	if rounds {
+		fmt.Fprintf(&b, " Each claim+complete cell ran %d times, interleaved with the others; its row is the median run, and runs gives the slowest and fastest.", res.cfg.rounds)
+	}
 	if res.overhead != nil {
 		fmt.Fprintf(&b, " Middleware, one request at a time on an in-memory store: no-op handler %s bare, %s behind idemhttp.",
 			round(res.overhead.bare), round(res.overhead.wrapped))

@@ -107,3 +107,32 @@ func TestGoalsOnlyWithTheirBaselines(t *testing.T) {
 	assert.Contains(t, md, "vs disk ceiling")
 	assert.NotContains(t, md, "vs postgres")
 }
+
+func TestMedianRun(t *testing.T) {
+	run := func(ops int) row { return row{ops: ops, elapsed: time.Second, p50: time.Duration(ops)} }
+	m := median([]row{run(300), run(100), run(200)})
+	assert.Equal(t, 200.0, m.rate())
+	assert.Equal(t, time.Duration(200), m.p50, "the median run's own latencies go with it")
+	assert.Equal(t, [2]float64{100, 300}, [2]float64{m.lo, m.hi})
+
+	m = median([]row{run(400), run(100), run(300), run(200)})
+	assert.Equal(t, 200.0, m.rate(), "of an even count, the slower middle run")
+
+	m = median([]row{run(50)})
+	assert.Equal(t, [3]float64{50, 50, 50}, [3]float64{m.rate(), m.lo, m.hi})
+}
+
+func TestMarkdownShowsTheRunsOfARoundedCell(t *testing.T) {
+	rows := []row{
+		{workload: workClaim, system: "idem", conc: 64, ops: 200, elapsed: time.Second, lo: 100, hi: 300},
+		{workload: workReplay, system: "idem", conc: 64, ops: 900, elapsed: time.Second},
+	}
+	md := markdown(results{rows: rows, cfg: config{systems: []string{"idem"}, concs: []int{64}, duration: time.Second, rounds: 3}})
+	assert.Contains(t, md, "| claim+complete | 64 | idem | 200 | 100–300 |")
+	assert.Contains(t, md, "| replay | 64 | idem | 900 |  |")
+	assert.Contains(t, md, "ran 3 times")
+
+	md = markdown(results{rows: rows[:1], cfg: config{systems: []string{"idem"}, concs: []int{64}, duration: time.Second, rounds: 1}})
+	assert.NotContains(t, md, "runs")
+	assert.Contains(t, md, "| claim+complete | 64 | idem | 200 | ")
+}
