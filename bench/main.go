@@ -41,7 +41,7 @@ func main() {
 	dataDir := flag.String("data", ".", "directory under which the temporary stores are created")
 	pgDSN := flag.String("pg", "", "PostgreSQL connection string, for the postgres system (e.g. postgres://user@127.0.0.1:55432/db)")
 	redisAddr := flag.String("redis", "", "Redis address, for the redis system; the server must run appendonly yes, appendfsync always")
-	rounds := flag.Int("rounds", 3, "how many times each claim+complete cell runs, interleaved; the table shows the median run")
+	rounds := flag.Int("rounds", 3, "how many times each cell runs, interleaved; the table shows the median run")
 	flag.Parse()
 
 	cfg, err := parseConfig(*concList, *systemList)
@@ -101,7 +101,7 @@ type config struct {
 	body      []byte
 	pgDSN     string
 	redisAddr string
-	rounds    int // runs of each claim+complete cell
+	rounds    int // runs of each cell
 }
 
 func (c config) maxConc() int { return slices.Max(c.concs) }
@@ -157,7 +157,7 @@ type row struct {
 	elapsed    time.Duration
 	p50, p99   time.Duration
 	syncsPerOp float64
-	lo, hi     float64 // ops/s of the slowest and fastest run, when the cell ran in rounds
+	lo, hi     float64 // ops/s of the cell's slowest and fastest run
 }
 
 func (r row) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -185,76 +185,95 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 	// Interleave: every system runs each cell before the next cell starts,
 	// so slow drift of the machine hits them all alike. Runs of the same
 	// cell vary by 10-15% on a shared disk, more than some goals' margins,
-	// so each cell runs in several rounds and reports its median run.
+	// and the first replay cells meet the compactions that every store's
+	// writes left behind; so the cells run in rounds, and the table shows
+	// each cell's median run.
 	type cell struct {
-		conc   int
-		system string
+		workload string
+		conc     int
+		system   string
 	}
 	runs := map[cell][]row{}
-	for range cfg.rounds {
-		for _, conc := range cfg.concs {
-			for _, name := range cfg.systems {
-				s, log := systems[name], done[name]
-				if cs, ok := s.(cellStarter); ok {
-					cs.startCell(conc)
-				}
-				s.syncsPerOp() // start counting here
-				r, err := measure(ctx, conc, cfg.duration, func(rng *rand.Rand) error {
-					o := newOp(rng.IntN(100))
-					if err := s.claimComplete(ctx, o, cfg.body); err != nil {
-						return err
+	var cells []cell // in the table's order
+	rounds := func(workloads []string, one func(c cell) (row, error)) error {
+		for range cfg.rounds {
+			for _, w := range workloads {
+				for _, conc := range cfg.concs {
+					for _, name := range cfg.systems {
+						c := cell{w, conc, name}
+						if _, ok := systems[name].(noReplay); ok && w != workClaim {
+							continue
+						}
+						r, err := one(c)
+						if err != nil {
+							return fmt.Errorf("%s %s: %w", name, w, err)
+						}
+						r.workload, r.system = w, name
+						if len(runs[c]) == 0 {
+							cells = append(cells, c)
+						}
+						runs[c] = append(runs[c], r)
 					}
-					log.add(o)
-					return nil
-				})
-				if err != nil {
-					return res, fmt.Errorf("%s claim+complete: %w", name, err)
 				}
-				r.workload, r.system, r.syncsPerOp = workClaim, name, s.syncsPerOp()
-				runs[cell{conc, name}] = append(runs[cell{conc, name}], r)
 			}
 		}
+		return nil
 	}
-	for _, conc := range cfg.concs {
-		for _, name := range cfg.systems {
-			res.rows = append(res.rows, median(runs[cell{conc, name}]))
+	err = rounds([]string{workClaim}, func(c cell) (row, error) {
+		s, log := systems[c.system], done[c.system]
+		if cs, ok := s.(cellStarter); ok {
+			cs.startCell(c.conc)
 		}
-	}
-	for _, w := range []struct {
-		name   string
-		recent int // pick among this many keys completed last; 0: among all
-	}{{workReplay, recentKeys}, {workReplayAll, 0}} {
-		for _, conc := range cfg.concs {
-			for _, name := range cfg.systems {
-				s, ops := systems[name], done[name].all()
-				if _, ok := s.(noReplay); ok {
-					continue
-				}
-				if w.recent > 0 {
-					ops = ops[max(0, len(ops)-w.recent):]
-				}
-				r, err := measure(ctx, conc, cfg.duration, func(rng *rand.Rand) error {
-					body, err := s.replay(ctx, ops[rng.IntN(len(ops))])
-					if err == nil && len(body) != len(cfg.body) {
-						err = fmt.Errorf("replayed %d bytes, stored %d", len(body), len(cfg.body))
-					}
-					return err
-				})
-				if err != nil {
-					return res, fmt.Errorf("%s %s: %w", name, w.name, err)
-				}
-				r.workload, r.system = w.name, name
-				res.rows = append(res.rows, r)
+		s.syncsPerOp() // start counting here
+		r, err := measure(ctx, c.conc, cfg.duration, func(rng *rand.Rand) error {
+			o := newOp(rng.IntN(100))
+			if err := s.claimComplete(ctx, o, cfg.body); err != nil {
+				return err
 			}
+			log.add(o)
+			return nil
+		})
+		r.syncsPerOp = s.syncsPerOp()
+		return r, err
+	})
+	if err != nil {
+		return res, err
+	}
+	completed := map[string][]op{}
+	for name, log := range done {
+		completed[name] = log.all()
+	}
+	err = rounds([]string{workReplay, workReplayAll}, func(c cell) (row, error) {
+		s, ops := systems[c.system], completed[c.system]
+		if c.workload == workReplay {
+			ops = ops[max(0, len(ops)-recentKeys):]
 		}
+		return measure(ctx, c.conc, cfg.duration, func(rng *rand.Rand) error {
+			body, err := s.replay(ctx, ops[rng.IntN(len(ops))])
+			if err == nil && len(body) != len(cfg.body) {
+				err = fmt.Errorf("replayed %d bytes, stored %d", len(body), len(cfg.body))
+			}
+			return err
+		})
+	})
+	if err != nil {
+		return res, err
+	}
+	for _, c := range cells {
+		res.rows = append(res.rows, median(runs[c]))
 	}
 	if slices.Contains(cfg.systems, "idem-http") {
 		d := min(cfg.duration, time.Second)
-		bare, wrapped, err := middlewareOverhead(d)
-		if err != nil {
-			return res, fmt.Errorf("middleware overhead: %w", err)
+		var all []overhead
+		for range cfg.rounds {
+			bare, wrapped, err := middlewareOverhead(d)
+			if err != nil {
+				return res, fmt.Errorf("middleware overhead: %w", err)
+			}
+			all = append(all, overhead{bare: bare, wrapped: wrapped})
 		}
-		res.overhead = &overhead{bare: bare, wrapped: wrapped}
+		slices.SortFunc(all, func(a, b overhead) int { return cmp.Compare(a.perRequest(), b.perRequest()) })
+		res.overhead = &all[(len(all)-1)/2]
 	}
 	return res, nil
 }

@@ -104,11 +104,11 @@ func markdown(res results) string {
 	}
 	fmt.Fprintf(&b, "\n%s per cell, %d-byte bodies, GOMAXPROCS=%d.", res.cfg.duration, len(res.cfg.body), runtimeProcs())
 	if rounds {
-		fmt.Fprintf(&b, " Each claim+complete cell ran %d times, interleaved with the others; its row is the median run, and runs gives the slowest and fastest.", res.cfg.rounds)
+		fmt.Fprintf(&b, " Each cell ran %d times, interleaved with the others; its row is the median run, and runs gives the slowest and fastest.", res.cfg.rounds)
 	}
 	if res.overhead != nil {
-		fmt.Fprintf(&b, " Middleware, one request at a time on an in-memory store: no-op handler %s bare, %s behind idemhttp.",
-			round(res.overhead.bare), round(res.overhead.wrapped))
+		fmt.Fprintf(&b, " Middleware, one request at a time on an in-memory store (the median of %d runs): no-op handler %s bare, %s behind idemhttp.",
+			max(1, res.cfg.rounds), round(res.overhead.bare), round(res.overhead.wrapped))
 	}
 	b.WriteString("\n")
 	if gs := goals(res); len(gs) > 0 {
