@@ -71,6 +71,7 @@ const chunkBytes = 64 << 10
 type DB struct {
 	opts    Options
 	pdb     *pebble.DB
+	wal     *walFS
 	lock    *pebble.Lock
 	commits *committer
 	sweeper *compaction.Sweeper
@@ -117,8 +118,9 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v (close the other handle or stop the process that holds it, or use another directory)", ErrLocked, dir, err)
 	}
+	wal := newWALFS(o.FS)
 	popts := &pebble.Options{
-		FS:                 newWALFS(o.FS),
+		FS:                 wal,
 		Lock:               lock,
 		Logger:             pebbleLogger{o.Logger},
 		CacheSize:          o.CacheBytes,
@@ -133,7 +135,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		lock.Close()
 		return nil, fmt.Errorf("idem: open %s: %w", dir, err)
 	}
-	db := &DB{opts: o, pdb: pdb, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{}), refilter: make(chan struct{}, 1), minFilter: minFilterKeys}
+	db := &DB{opts: o, pdb: pdb, wal: wal, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{}), refilter: make(chan struct{}, 1), minFilter: minFilterKeys}
 	db.filters.Store(&filterPair{})
 	db.commits = newCommitter(pdb)
 	if err := db.checkSchema(); err != nil {
@@ -192,6 +194,7 @@ func (db *DB) Close() error {
 		db.ops.Unlock()
 		db.waiting.wakeAll()
 		db.commits.close()
+		db.wal.closing.Store(true)
 		db.closeErr = errors.Join(db.pdb.Close(), db.lock.Close())
 	})
 	return db.closeErr

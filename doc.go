@@ -23,7 +23,8 @@
 // still take back. A failure to write, sync or close the log ends the
 // process with exit status 74 and a line on standard error naming the
 // failed operation: carrying on could acknowledge a write that is not on
-// disk.
+// disk. Only during Close, when every acknowledged write is already
+// synced, is such a failure returned instead.
 //
 // Most claims are of keys never seen. A Bloom filter over every stored key,
 // rebuilt in the background as the store grows, answers those from memory

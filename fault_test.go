@@ -133,6 +133,32 @@ func TestTableWriteFaultsLoseNothing(t *testing.T) {
 	checkIntact(t, reopened, n)
 }
 
+// TestWALFailureAtCloseIsReturned fails the log's final sync, which Close
+// asks for after every acknowledged write is already synced: Close reports
+// it and the process goes on; the store reopens with everything.
+func TestWALFailureAtCloseIsReturned(t *testing.T) {
+	f := &faults{match: func(op errorfs.Op) bool {
+		return strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo)
+	}}
+	fs := errorfs.Wrap(vfs.NewMem(), f)
+	db, err := idem.Open("db", &idem.Options{FS: fs, SweepInterval: -1, Logger: discard()})
+	require.NoError(t, err)
+	require.NoError(t, claim(t, db, scope("before"), fp("a")).Complete(ctx, paid))
+
+	f.on.Store(true)
+	err = db.Close()
+	f.on.Store(false)
+	require.Positive(t, f.injected.Load(), "Close synced the log")
+	assert.ErrorIs(t, err, errorfs.ErrInjected)
+
+	db, err = idem.Open("db", &idem.Options{FS: fs, SweepInterval: -1})
+	require.NoError(t, err)
+	defer db.Close()
+	rec, err := db.Get(ctx, scope("before"))
+	require.NoError(t, err)
+	assert.Equal(t, paid.Body, rec.Response.Body)
+}
+
 // TestWALFailureEndsProcess runs a child process whose WAL sync fails: it
 // must exit with the documented status and message, never carry on. The
 // store it leaves must open, with what was acknowledged before the fault.

@@ -3,6 +3,7 @@ package idem
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -25,12 +26,14 @@ import (
 // but not always by calling its logger's Fatalf: when the failure meets a
 // memtable rotation, Pebble panics with its own mutex released, and the
 // runtime dies of "unlock of unlocked mutex" instead, with no clear message
-// and the wrong exit status.
+// and the wrong exit status. Once the store is closing, every acknowledged
+// write is already synced, so a failure then is only returned.
 type walFS struct {
 	vfs.FS
-	ahead int64            // zeros to keep ahead of the log's end
-	chunk int64            // zeros written by one fill
-	fatal func(msg string) // ends the process on a failed log operation; returns only in tests
+	ahead   int64            // zeros to keep ahead of the log's end
+	chunk   int64            // zeros written by one fill
+	fatal   func(msg string) // ends the process on a failed log operation; returns only in tests
+	closing atomic.Bool      // set by DB.Close once no operation is in flight
 }
 
 // walCategory is the write category Pebble gives its log files.
@@ -44,7 +47,7 @@ const (
 	walZeroChunk = 4 << 20
 )
 
-func newWALFS(fs vfs.FS) vfs.FS {
+func newWALFS(fs vfs.FS) *walFS {
 	return &walFS{FS: fs, ahead: walZeroAhead, chunk: walZeroChunk, fatal: exitOnStorageFault}
 }
 
@@ -134,7 +137,7 @@ func (w *walFile) SyncTo(length int64) (bool, error) {
 
 // check hands a failure of the log to fs.fatal, before Pebble sees it.
 func (w *walFile) check(op string, err error) error {
-	if err != nil {
+	if err != nil && !w.fs.closing.Load() {
 		w.fs.fatal(fmt.Sprintf("%s %s: %v", op, w.name, err))
 	}
 	return err
