@@ -135,11 +135,13 @@ func Open(dir string, opts *Options) (*DB, error) {
 		lock.Close()
 		return nil, fmt.Errorf("idem: open %s: %w", dir, err)
 	}
+	wal.live.Store(true)
 	db := &DB{opts: o, pdb: pdb, wal: wal, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{}), refilter: make(chan struct{}, 1), minFilter: minFilterKeys}
 	db.filters.Store(&filterPair{})
 	db.commits = newCommitter(pdb)
 	if err := db.checkSchema(); err != nil {
 		db.commits.close()
+		wal.live.Store(false)
 		pdb.Close()
 		lock.Close()
 		return nil, err
@@ -194,7 +196,7 @@ func (db *DB) Close() error {
 		db.ops.Unlock()
 		db.waiting.wakeAll()
 		db.commits.close()
-		db.wal.closing.Store(true)
+		db.wal.live.Store(false)
 		db.closeErr = errors.Join(db.pdb.Close(), db.lock.Close())
 	})
 	return db.closeErr

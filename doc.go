@@ -20,11 +20,12 @@
 // completion before the response may be sent. Concurrent writers share
 // syncs through a group commit, and each keeps its key's stripe lock until
 // its own write is durable, so nobody reads a claim that a crash could
-// still take back. A failure to write, sync or close the log ends the
-// process with exit status 74 and a line on standard error naming the
-// failed operation: carrying on could acknowledge a write that is not on
-// disk. Only during Close, when every acknowledged write is already
-// synced, is such a failure returned instead.
+// still take back. A failure to write, sync or close the log, to create
+// the next one or to sync the directory that holds them ends the process
+// with exit status 74 and a line on standard error naming the failed
+// operation: carrying on could acknowledge a write that is not on disk.
+// Only while Open runs and once Close has begun, when nothing acknowledged
+// depends on the log, is such a failure returned instead.
 //
 // Most claims are of keys never seen. A Bloom filter over every stored key,
 // rebuilt in the background as the store grows, answers those from memory

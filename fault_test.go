@@ -159,6 +159,77 @@ func TestWALFailureAtCloseIsReturned(t *testing.T) {
 	assert.Equal(t, paid.Body, rec.Response.Body)
 }
 
+// TestWALRotationFailureEndsProcess fails, in a child process, one of the
+// steps of a log rotation (forced by compacting the store): the old log's
+// last sync, the new log's creation, the directory's sync. Pebble panics
+// on each, with its mutex released; idem must end the process first, with
+// its status and message.
+func TestWALRotationFailureEndsProcess(t *testing.T) {
+	if env := os.Getenv("IDEM_ROTATE_CHILD"); env != "" {
+		dir, kind, _ := strings.Cut(env, ",")
+		rotateChild(dir, kind)
+		return
+	}
+	for kind, want := range map[string]string{
+		"log-sync": `sync \S+\.log: `,
+		"create":   `create \S+\.log: `,
+		"dir-sync": `sync \S+db: `,
+	} {
+		t.Run(kind, func(t *testing.T) {
+			dir := t.TempDir()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestWALRotationFailureEndsProcess$")
+			cmd.Env = append(os.Environ(), "IDEM_ROTATE_CHILD="+dir+","+kind)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "output: %s", out)
+			assert.Equal(t, 74, exit.ExitCode(), "output: %s", out)
+			assert.Regexp(t, `idem: fatal storage error.*: `+want, string(out))
+
+			db, err := idem.Open(filepath.Join(dir, "db"), &idem.Options{SweepInterval: -1})
+			require.NoError(t, err)
+			defer db.Close()
+			for i := range 20 {
+				rec, err := db.Get(ctx, scope(fmt.Sprint(i)))
+				require.NoError(t, err)
+				assert.Equal(t, paid.Body, rec.Response.Body)
+			}
+		})
+	}
+}
+
+func rotateChild(dir, kind string) {
+	db := filepath.Join(dir, "db")
+	f := &faults{match: func(op errorfs.Op) bool {
+		switch kind {
+		case "log-sync":
+			return strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo)
+		case "create":
+			return strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpCreate || op.Kind == errorfs.OpReuseForWrite)
+		default:
+			return op.Path == db && op.Kind == errorfs.OpFileSync
+		}
+	}}
+	s, err := idem.Open(db, &idem.Options{FS: errorfs.Wrap(vfs.Default, f), SweepInterval: -1})
+	if err != nil {
+		fmt.Println("open:", err)
+		os.Exit(3)
+	}
+	for i := range 20 {
+		l, _, err := s.Claim(ctx, scope(fmt.Sprint(i)), fp("a"))
+		if err == nil {
+			err = l.Complete(ctx, paid)
+		}
+		if err != nil {
+			fmt.Println("before:", err)
+			os.Exit(3)
+		}
+	}
+	f.on.Store(true)
+	_, err = s.Compact(ctx, nil)
+	fmt.Println("child survived:", err)
+	os.Exit(0)
+}
+
 // TestWALFailureEndsProcess runs a child process whose WAL sync fails: it
 // must exit with the documented status and message, never carry on. The
 // store it leaves must open, with what was acknowledged before the fault.

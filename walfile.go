@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -26,14 +27,17 @@ import (
 // but not always by calling its logger's Fatalf: when the failure meets a
 // memtable rotation, Pebble panics with its own mutex released, and the
 // runtime dies of "unlock of unlocked mutex" instead, with no clear message
-// and the wrong exit status. Once the store is closing, every acknowledged
-// write is already synced, so a failure then is only returned.
+// and the wrong exit status. The same goes for creating the next log and
+// syncing the directory that holds it, which Pebble does while rotating.
+// Only while the store is live, though: before Open is done and once Close
+// has begun, nothing acknowledged depends on the log, and a failure is only
+// returned.
 type walFS struct {
 	vfs.FS
-	ahead   int64            // zeros to keep ahead of the log's end
-	chunk   int64            // zeros written by one fill
-	fatal   func(msg string) // ends the process on a failed log operation; returns only in tests
-	closing atomic.Bool      // set by DB.Close once no operation is in flight
+	ahead int64            // zeros to keep ahead of the log's end
+	chunk int64            // zeros written by one fill
+	fatal func(msg string) // ends the process on a failed log operation; returns only in tests
+	live  atomic.Bool      // set by Open once Pebble is open, cleared by Close
 }
 
 // walCategory is the write category Pebble gives its log files.
@@ -61,9 +65,38 @@ func (fs *walFS) ReuseForWrite(oldname, newname string, category vfs.DiskWriteCa
 	return fs.wrap(f, newname, category, err)
 }
 
-func (fs *walFS) wrap(f vfs.File, name string, category vfs.DiskWriteCategory, err error) (vfs.File, error) {
-	if err != nil || category != walCategory {
+// OpenDir wraps the store's directories, whose syncs make a new log's name
+// durable.
+func (fs *walFS) OpenDir(name string) (vfs.File, error) {
+	f, err := fs.FS.OpenDir(name)
+	if err != nil {
 		return f, err
+	}
+	return &walDir{File: f, fs: fs, name: name}, nil
+}
+
+type walDir struct {
+	vfs.File
+	fs   *walFS
+	name string
+}
+
+func (d *walDir) Sync() error { return d.fs.check("sync", d.name, d.File.Sync()) }
+
+// check hands a failure of the log to fs.fatal, before Pebble sees it.
+func (fs *walFS) check(op, name string, err error) error {
+	if err != nil && fs.live.Load() {
+		fs.fatal(fmt.Sprintf("%s %s: %v", op, name, err))
+	}
+	return err
+}
+
+func (fs *walFS) wrap(f vfs.File, name string, category vfs.DiskWriteCategory, err error) (vfs.File, error) {
+	if category != walCategory {
+		return f, err
+	}
+	if err != nil {
+		return f, fs.check("create", name, err)
 	}
 	w := &walFile{File: f, fs: fs, name: name}
 	w.cond.L = &w.mu
@@ -95,6 +128,7 @@ type walFile struct {
 	fillFrom  int64 // guarded by mu: where the running fill starts, if filling
 	filling   bool  // guarded by mu
 	stopped   bool  // guarded by mu: set by Close, or after a failed fill
+	lost      error // guarded by mu: a fill's failed sync, which the log's own syncs may not see again
 	fillCount int   // guarded by mu: fills done, for tests
 }
 
@@ -135,13 +169,7 @@ func (w *walFile) SyncTo(length int64) (bool, error) {
 	return full, w.check("sync", err)
 }
 
-// check hands a failure of the log to fs.fatal, before Pebble sees it.
-func (w *walFile) check(op string, err error) error {
-	if err != nil && !w.fs.closing.Load() {
-		w.fs.fatal(fmt.Sprintf("%s %s: %v", op, w.name, err))
-	}
-	return err
-}
+func (w *walFile) check(op string, err error) error { return w.fs.check(op, w.name, err) }
 
 // fill writes a chunk of zeros from off and syncs it, so that the size and
 // the blocks are on disk before the log writes over them. A failed write (a
@@ -151,9 +179,11 @@ func (w *walFile) check(op string, err error) error {
 // reports a lost page to one sync of a descriptor only, so the log's next
 // sync could succeed over a write that never reached the disk.
 func (w *walFile) fill(off int64) {
+	var syncErr error
 	err := w.writeZeros(off)
 	if err == nil {
-		err = w.check("sync", w.File.SyncData())
+		syncErr = w.check("sync", w.File.SyncData())
+		err = syncErr
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -161,6 +191,7 @@ func (w *walFile) fill(off int64) {
 	w.fillCount++
 	if err != nil {
 		w.stopped = true
+		w.lost = syncErr
 	} else {
 		w.zeroed = off + w.fs.chunk
 	}
@@ -190,6 +221,7 @@ func (w *walFile) Close() error {
 	for w.filling {
 		w.cond.Wait()
 	}
+	lost := w.lost
 	w.mu.Unlock()
-	return w.check("close", w.File.Close())
+	return w.check("close", errors.Join(lost, w.File.Close()))
 }

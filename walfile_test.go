@@ -141,6 +141,7 @@ func TestWALFileFailureIsFatalBeforePebbleSeesIt(t *testing.T) {
 		require.NoError(t, err)
 		var fatal []string
 		fs := &walFS{FS: mem, fatal: func(msg string) { fatal = append(fatal, msg) }}
+		fs.live.Store(true)
 		f, err := fs.wrap(failingFile{File: inner, err: injected}, "000004.log", walCategory, nil)
 		require.NoError(t, err)
 
@@ -167,6 +168,7 @@ func TestWALFileFillFailures(t *testing.T) {
 		c.file.File = inner
 		var fatal []string
 		fs := &walFS{FS: mem, ahead: 64 << 10, chunk: 16 << 10, fatal: func(msg string) { fatal = append(fatal, msg) }}
+		fs.live.Store(true)
 		w := &walFile{File: c.file, fs: fs, name: "000004.log", filling: true}
 		w.cond.L = &w.mu
 
@@ -176,6 +178,47 @@ func TestWALFileFillFailures(t *testing.T) {
 		assert.True(t, w.stopped, "a failed fill stops the filling (%s)", c.name)
 		assert.False(t, w.filling, c.name)
 	}
+}
+
+// Rotating the log creates the next one and syncs the directory; Pebble
+// panics on either failure, so both end the process first. Outside the
+// live store (Open still running, Close begun) failures are only returned,
+// and a fill's lost sync then surfaces at Close.
+func TestWALFSRotationFailuresAndLiveness(t *testing.T) {
+	injected := errors.New("injected")
+	var fatal []string
+	fs := &walFS{FS: vfs.NewMem(), fatal: func(msg string) { fatal = append(fatal, msg) }}
+	fs.live.Store(true)
+
+	_, err := fs.wrap(nil, "000005.log", walCategory, injected)
+	assert.ErrorIs(t, err, injected)
+	_, err = fs.wrap(nil, "000006.sst", "pebble-flush", injected)
+	assert.ErrorIs(t, err, injected)
+	assert.Equal(t, []string{"create 000005.log: injected"}, fatal, "only a log's creation is fatal")
+
+	require.NoError(t, fs.MkdirAll("db", 0o755))
+	dir, err := fs.OpenDir("db")
+	require.NoError(t, err)
+	dir.(*walDir).File = failingFile{File: dir.(*walDir).File, err: injected}
+	assert.ErrorIs(t, dir.Sync(), injected)
+	assert.Equal(t, "sync db: injected", fatal[len(fatal)-1])
+
+	fatal = nil
+	fs.live.Store(false)
+	inner, err := fs.FS.Create("000007.log", walCategory)
+	require.NoError(t, err)
+	f, err := fs.wrap(failingFile{File: inner, err: injected}, "000007.log", walCategory, nil)
+	require.NoError(t, err)
+	_, err = f.Write([]byte("x"))
+	assert.ErrorIs(t, err, injected)
+	assert.ErrorIs(t, dir.Sync(), injected)
+	assert.Empty(t, fatal, "nothing acknowledged depends on the log outside the live store")
+
+	w := f.(*walFile)
+	w.File = inner
+	w.lost = injected
+	assert.ErrorIs(t, w.Close(), injected, "a fill's lost sync is reported by Close")
+	assert.Empty(t, fatal)
 }
 
 // The store's own log carries zeros after its last record, on a fresh store

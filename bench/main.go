@@ -272,8 +272,10 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 			}
 			all = append(all, overhead{bare: bare, wrapped: wrapped})
 		}
+		// The median, and of an even count the larger middle one, so that
+		// an even -rounds errs against the goal as median() does.
 		slices.SortFunc(all, func(a, b overhead) int { return cmp.Compare(a.perRequest(), b.perRequest()) })
-		res.overhead = &all[(len(all)-1)/2]
+		res.overhead = &all[len(all)/2]
 	}
 	return res, nil
 }
