@@ -66,6 +66,7 @@ func TestWALFileReusedLogKeepsItsOldBlocks(t *testing.T) {
 
 	f, err := fs.ReuseForWrite(filepath.Join(dir, "000001.log"), filepath.Join(dir, "000002.log"), walCategory)
 	require.NoError(t, err)
+	assert.Equal(t, filepath.Join(dir, "000002.log"), f.(*walFile).name, "a failure names the log being written")
 	written := bytes.Repeat([]byte{7}, 50<<10)
 	_, err = f.Write(written)
 	require.NoError(t, err)
