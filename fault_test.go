@@ -137,9 +137,7 @@ func TestTableWriteFaultsLoseNothing(t *testing.T) {
 // asks for after every acknowledged write is already synced: Close reports
 // it and the process goes on; the store reopens with everything.
 func TestWALFailureAtCloseIsReturned(t *testing.T) {
-	f := &faults{match: func(op errorfs.Op) bool {
-		return strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo)
-	}}
+	f := &faults{match: isLogSync}
 	fs := errorfs.Wrap(vfs.NewMem(), f)
 	db, err := idem.Open("db", &idem.Options{FS: fs, SweepInterval: -1, Logger: discard()})
 	require.NoError(t, err)
@@ -202,30 +200,20 @@ func rotateChild(dir, kind string) {
 	f := &faults{match: func(op errorfs.Op) bool {
 		switch kind {
 		case "log-sync":
-			return strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo)
+			return isLogSync(op)
 		case "create":
 			return strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpCreate || op.Kind == errorfs.OpReuseForWrite)
 		default:
 			return op.Path == db && op.Kind == errorfs.OpFileSync
 		}
 	}}
-	s, err := idem.Open(db, &idem.Options{FS: errorfs.Wrap(vfs.Default, f), SweepInterval: -1})
-	if err != nil {
-		fmt.Println("open:", err)
-		os.Exit(3)
+	keys := make([]string, 20)
+	for i := range keys {
+		keys[i] = fmt.Sprint(i)
 	}
-	for i := range 20 {
-		l, _, err := s.Claim(ctx, scope(fmt.Sprint(i)), fp("a"))
-		if err == nil {
-			err = l.Complete(ctx, paid)
-		}
-		if err != nil {
-			fmt.Println("before:", err)
-			os.Exit(3)
-		}
-	}
+	s := childStore(db, f, keys...)
 	f.on.Store(true)
-	_, err = s.Compact(ctx, nil)
+	_, err := s.Compact(ctx, nil)
 	fmt.Println("child survived:", err)
 	os.Exit(0)
 }
@@ -257,24 +245,35 @@ func TestWALFailureEndsProcess(t *testing.T) {
 }
 
 func walChild(dir string) {
-	f := &faults{match: func(op errorfs.Op) bool {
-		return strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo)
-	}}
-	db, err := idem.Open(filepath.Join(dir, "db"), &idem.Options{FS: errorfs.Wrap(vfs.Default, f), SweepInterval: -1})
-	if err != nil {
-		fmt.Println("open:", err)
-		os.Exit(3)
-	}
-	l, _, err := db.Claim(ctx, scope("before"), fp("a"))
-	if err == nil {
-		err = l.Complete(ctx, paid)
-	}
-	if err != nil {
-		fmt.Println("before:", err)
-		os.Exit(3)
-	}
+	f := &faults{match: isLogSync}
+	db := childStore(filepath.Join(dir, "db"), f, "before")
 	f.on.Store(true)
-	_, _, err = db.Claim(ctx, scope("after"), fp("a"))
+	_, _, err := db.Claim(ctx, scope("after"), fp("a"))
 	fmt.Println("child survived:", err)
 	os.Exit(0)
+}
+
+func isLogSync(op errorfs.Op) bool {
+	return strings.HasSuffix(op.Path, ".log") && (op.Kind == errorfs.OpFileSync || op.Kind == errorfs.OpFileSyncData || op.Kind == errorfs.OpFileSyncTo)
+}
+
+// childStore opens, in a child process, the store in dir over a disk whose
+// faults f injects once switched on, and completes keys with paid first.
+// Any failure before the fault exits with status 3, which no test expects.
+func childStore(dir string, f *faults, keys ...string) *idem.DB {
+	db, err := idem.Open(dir, &idem.Options{FS: errorfs.Wrap(vfs.Default, f), SweepInterval: -1})
+	for _, k := range keys {
+		if err != nil {
+			break
+		}
+		var l *idem.Lease
+		if l, _, err = db.Claim(ctx, scope(k), fp("a")); err == nil {
+			err = l.Complete(ctx, paid)
+		}
+	}
+	if err != nil {
+		fmt.Println("before the fault:", err)
+		os.Exit(3)
+	}
+	return db
 }
