@@ -447,8 +447,11 @@ func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) ([]byte, err
 		if oldX == nil || !bytes.Equal(oldX, xk) {
 			w.set(xk, nil)
 		}
-		if oldP != nil && !bytes.Equal(oldP, pk) {
-			w.delete(oldP)
+		if oldP != nil {
+			// Retired even when pk is the same key, so that a pending
+			// entry is never set twice without a deletion between: see
+			// retirePending.
+			w.retirePending(oldP)
 		}
 		if pk != nil {
 			w.set(pk, pv)
@@ -474,6 +477,20 @@ func (w *batchOps) set(k, v []byte) {
 func (w *batchOps) delete(k []byte) {
 	if w.err == nil {
 		w.err = w.b.Delete(k, nil)
+	}
+}
+
+// retirePending deletes a pending-index entry with a single deletion: it
+// and the one set it cancels vanish together at the next flush or
+// compaction, instead of leaving a tombstone that compactions carry down
+// the levels. Every claim sets an entry and nearly every one is retired
+// within moments, so those tombstones were a steady share of compaction
+// work. A single deletion is only defined when the key was set once since
+// it was last deleted; writeLocked and deleteAll keep that so by retiring
+// the stored entry before any new one is set.
+func (w *batchOps) retirePending(pk []byte) {
+	if w.err == nil {
+		w.err = w.b.SingleDelete(pk, nil)
 	}
 }
 
@@ -506,7 +523,7 @@ func deleteAll(b *pebble.Batch, rk []byte, rec *Record) error {
 	xk, pk := indexKeys(rk, rec)
 	w.delete(xk)
 	if pk != nil {
-		w.delete(pk)
+		w.retirePending(pk)
 	}
 	if rec.chunks > 0 {
 		w.deleteRange(keys.ChunkSpan(rk))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -292,6 +293,48 @@ func TestLeaseExtendMovesDeadline(t *testing.T) {
 	rec, err := db.Get(ctx, scope("k1"))
 	require.NoError(t, err)
 	assert.Equal(t, l.Until(), rec.LeaseUntil)
+}
+
+// TestSettledClaimsLeaveNoTombstones checks that a claim's pending-index
+// entry and its retirement at completion cancel out when flushed, rather
+// than leaving a deletion for compactions to carry down the levels.
+func TestSettledClaimsLeaveNoTombstones(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	for i := range 50 {
+		require.NoError(t, claim(t, db, scope(fmt.Sprint("k", i)), fp("a")).Complete(ctx, paid))
+	}
+	require.NoError(t, db.FlushMemtable())
+	n, err := db.TableDeletions()
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	pending, err := db.CountFamily('p')
+	require.NoError(t, err)
+	assert.Zero(t, pending)
+}
+
+// TestPendingEntryRewrittenInPlaceStaysRetired writes one pending-index key
+// twice (an extension on a clock that did not move keeps the lease's end),
+// the first write compacted to the last level before the second. The
+// completion must retire the entry for good: had the second write not
+// retired the first, the completion's single deletion would cancel only
+// the second when flushed, and the first would be back.
+func TestPendingEntryRewrittenInPlaceStaysRetired(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	l := claim(t, db, scope("k1"), fp("a"))
+	require.NoError(t, db.FlushMemtable())
+	require.NoError(t, db.CompactStore())
+	until := l.Until()
+	require.NoError(t, l.Extend(ctx))
+	require.Equal(t, until, l.Until(), "the clock must not move for the key to stay the same")
+	require.NoError(t, l.Complete(ctx, paid))
+	require.NoError(t, db.FlushMemtable())
+	pending, err := db.CountFamily('p')
+	require.NoError(t, err)
+	assert.Zero(t, pending)
+	m, err := db.Metrics()
+	require.NoError(t, err)
+	assert.Zero(t, m.InProgress)
+	require.NoError(t, db.CheckConsistency())
 }
 
 func TestInvalidInputChangesNothing(t *testing.T) {

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -102,5 +103,26 @@ func (db *DB) scanFamily(tag byte, fn func(k, v []byte) error) error {
 func (db *DB) CountFamily(tag byte) (int, error) {
 	n := 0
 	err := db.scanFamily(tag, func(k, v []byte) error { n++; return nil })
+	return n, err
+}
+
+// FlushMemtable writes what the memtable holds to a table, so that a test
+// can put two writes of one key in different tables.
+func (db *DB) FlushMemtable() error { return db.pdb.Flush() }
+
+// CompactStore compacts every key down to the last level.
+func (db *DB) CompactStore() error {
+	return db.pdb.Compact(context.Background(), []byte{0}, []byte{0xff}, false)
+}
+
+// TableDeletions returns how many point deletions the store's tables hold.
+func (db *DB) TableDeletions() (uint64, error) {
+	levels, err := db.pdb.SSTables(pebble.WithProperties())
+	var n uint64
+	for _, tables := range levels {
+		for _, t := range tables {
+			n += t.Properties.NumDeletions
+		}
+	}
 	return n, err
 }
