@@ -35,6 +35,10 @@ type committer struct {
 
 	commits atomic.Int64 // caller commits, for Metrics
 	syncs   atomic.Int64 // group commits, each with one WAL sync
+
+	// yield is the flag of the store's comparer (yieldingComparer): set,
+	// the next comparison yields the processor.
+	yield *atomic.Bool
 }
 
 // group is one batch being filled, and then committed, for many callers.
@@ -45,8 +49,8 @@ type group struct {
 	err    error         // set before synced is closed
 }
 
-func newCommitter(db *pebble.DB) *committer {
-	c := &committer{db: db, flushing: make(chan struct{}, 1)}
+func newCommitter(db *pebble.DB, yield *atomic.Bool) *committer {
+	c := &committer{db: db, flushing: make(chan struct{}, 1), yield: yield}
 	c.open = c.newGroup()
 	return c
 }
@@ -87,7 +91,11 @@ func (c *committer) commit(fill func(b *pebble.Batch) error) error {
 	c.open = c.newGroup()
 	c.last = g.n
 	c.mu.Unlock()
+	if g.n >= yieldGroup {
+		c.yield.Store(true)
+	}
 	g.err = g.b.Commit(pebble.Sync)
+	c.yield.Store(false)
 	c.syncs.Add(1)
 	<-c.flushing
 	close(g.synced)
@@ -123,6 +131,41 @@ func (c *committer) gather(g *group) {
 			return
 		}
 	}
+}
+
+// yieldGroup is the smallest group whose commit lets Pebble's log writer
+// run before the group's memtable insert; see yieldingComparer.
+const yieldGroup = 8
+
+// yieldingComparer is Pebble's default comparer, except that the first
+// comparison after flag is set yields the processor.
+//
+// Pebble commits a batch in two steps on the committing goroutine: it
+// queues the log record and wakes its log writer goroutine, then inserts
+// the batch into the memtable, and only then waits for the sync. The Go
+// scheduler puts a goroutine woken this way on the waker's processor, to
+// run when the waker blocks; with every processor busy, as at high
+// concurrency on two cores, the sync starts only once the insert is done,
+// about 100 µs for a group of 40 commits, when the two could overlap.
+// Pebble has no hook between its two steps, but the insert begins with a
+// comparison; so for a large group the committer sets flag, and the
+// insert's first comparison yields, which lets the log writer start the
+// sync. Measured in BenchmarkClaimComplete: conc=16 10-15% more
+// operations per second; at conc=64 the yielding leader waits behind the
+// callers its group woke, and the gain is within the noise. A small
+// group's insert is short, and a yield would only add a context switch to
+// each commit, so it does not set flag. If Pebble reorders its steps, the
+// yield lands elsewhere and costs a context switch, nothing more.
+func yieldingComparer(flag *atomic.Bool) *pebble.Comparer {
+	c := *pebble.DefaultComparer
+	compare := c.Compare
+	c.Compare = func(a, b []byte) int {
+		if flag.Load() && flag.CompareAndSwap(true, false) {
+			runtime.Gosched()
+		}
+		return compare(a, b)
+	}
+	return &c
 }
 
 // close refuses new commits. The DB calls it once no operation is in

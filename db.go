@@ -119,7 +119,9 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("%w: %s: %v (close the other handle or stop the process that holds it, or use another directory)", ErrLocked, dir, err)
 	}
 	wal := newWALFS(o.FS)
+	yield := new(atomic.Bool)
 	popts := &pebble.Options{
+		Comparer:           yieldingComparer(yield),
 		FS:                 wal,
 		Lock:               lock,
 		Logger:             pebbleLogger{o.Logger},
@@ -138,7 +140,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	wal.live.Store(true)
 	db := &DB{opts: o, pdb: pdb, wal: wal, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{}), refilter: make(chan struct{}, 1), minFilter: minFilterKeys}
 	db.filters.Store(&filterPair{})
-	db.commits = newCommitter(pdb)
+	db.commits = newCommitter(pdb, yield)
 	if err := db.checkSchema(); err != nil {
 		db.commits.close()
 		wal.live.Store(false)
