@@ -243,6 +243,7 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 	for name, log := range done {
 		completed[name] = log.all()
 	}
+	res.settled = append(res.settled, settle(settleLimit(cfg.duration)))
 	err = rounds([]string{workReplay, workReplayAll}, func(c cell) (row, error) {
 		s, ops := systems[c.system], completed[c.system]
 		if c.workload == workReplay {
@@ -264,6 +265,7 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 	}
 	if slices.Contains(cfg.systems, "idem-http") {
 		d := min(cfg.duration, time.Second)
+		res.settled = append(res.settled, settle(settleLimit(cfg.duration)))
 		var all []overhead
 		for range cfg.rounds {
 			bare, wrapped, err := middlewareOverhead(d)

@@ -27,6 +27,9 @@ type results struct {
 	rows     []row
 	cfg      config
 	overhead *overhead // nil when the middleware was not measured
+	// settled is how long the run waited for the machine to fall quiet
+	// before the replays and before the middleware, in that order.
+	settled []time.Duration
 }
 
 // overhead is the middleware's cost per request over a no-op handler.
@@ -105,6 +108,13 @@ func markdown(res results) string {
 	fmt.Fprintf(&b, "\n%s per cell, %d-byte bodies, GOMAXPROCS=%d.", res.cfg.duration, len(res.cfg.body), runtimeProcs())
 	if rounds {
 		fmt.Fprintf(&b, " Each cell ran %d times, interleaved with the others; its row is the median run, and runs gives the slowest and fastest.", res.cfg.rounds)
+	}
+	if len(res.settled) > 0 {
+		fmt.Fprintf(&b, " Before the replays the run waited %s for the stores' background work to end", res.settled[0].Round(100*time.Millisecond))
+		if len(res.settled) > 1 {
+			fmt.Fprintf(&b, ", and %s before the middleware", res.settled[1].Round(100*time.Millisecond))
+		}
+		b.WriteString(".")
 	}
 	if res.overhead != nil {
 		fmt.Fprintf(&b, " Middleware, one request at a time on an in-memory store (the median of %d runs): no-op handler %s bare, %s behind idemhttp.",
