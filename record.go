@@ -312,7 +312,9 @@ func (f *fieldReader) fixed(dst []byte) {
 }
 
 // length decodes an array or map length. Callers cap what they allocate up
-// front, so a forged length costs a failed read, not memory.
+// front, so a forged length costs a failed read, not memory. The encoder
+// never writes a nil array or map, so one (length -1) is corrupt; a failed
+// length reads as 0, which callers can allocate.
 func (f *fieldReader) length(decodeLen func() (int, error)) int {
 	if f.err != nil {
 		return 0
@@ -321,7 +323,9 @@ func (f *fieldReader) length(decodeLen func() (int, error)) int {
 	if err == nil && n < 0 {
 		err = errCorrupt
 	}
-	f.err = err
+	if f.err = err; err != nil {
+		return 0
+	}
 	return n
 }
 
