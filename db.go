@@ -56,8 +56,10 @@ func (s Scope) recordKey() []byte {
 	return keys.AppendRecord(make([]byte, 0, 8+len(s.Tenant)+len(s.Endpoint)+len(s.Key)), s.Tenant, s.Endpoint, s.Key)
 }
 
-// schemaVersion is written at the first Open and checked at every later one.
-const schemaVersion = 1
+// schemaVersion is written at the first Open and checked at every later
+// one. Version 2 retires pending-index entries with single deletions;
+// Open upgrades a version 1 store in place (upgradeFrom1).
+const schemaVersion = 2
 
 // numStripes is the number of per-key mutexes. Enough that unrelated keys
 // rarely share one at a few hundred concurrent requests.
@@ -132,6 +134,11 @@ func Open(dir string, opts *Options) (*DB, error) {
 	// Most claims look up keys that do not exist yet; without filters each
 	// miss reads a data block from every level.
 	popts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	// Pebble reports a single deletion that met more than one set here;
+	// retirePending relies on that never happening.
+	popts.EventListener = &pebble.EventListener{PossibleAPIMisuse: func(i pebble.PossibleAPIMisuseInfo) {
+		o.Logger.Error("idem: storage misuse", "what", i.String())
+	}}
 	pdb, err := pebble.Open(dir, popts)
 	if err != nil {
 		lock.Close()
@@ -168,21 +175,43 @@ func (db *DB) checkSchema() error {
 	v, closer, err := db.pdb.Get(keys.Schema)
 	switch {
 	case errors.Is(err, pebble.ErrNotFound):
-		return db.commits.commit(func(b *pebble.Batch) error {
-			return b.Set(keys.Schema, binary.AppendUvarint(nil, schemaVersion), nil)
-		})
+		return db.writeSchema()
 	case err != nil:
 		return fmt.Errorf("idem: read schema version: %w", err)
 	}
-	defer closer.Close()
 	got, n := binary.Uvarint(v)
-	if n <= 0 {
+	closer.Close()
+	switch {
+	case n <= 0:
 		return fmt.Errorf("%w: unreadable schema version", ErrCorrupt)
-	}
-	if got != schemaVersion {
+	case got == 1:
+		return db.upgradeFrom1()
+	case got != schemaVersion:
 		return fmt.Errorf("idem: data directory has schema version %d; this build reads version %d", got, schemaVersion)
 	}
 	return nil
+}
+
+func (db *DB) writeSchema() error {
+	return db.commits.commit(func(b *pebble.Batch) error {
+		return b.Set(keys.Schema, binary.AppendUvarint(nil, schemaVersion), nil)
+	})
+}
+
+// upgradeFrom1 makes a version 1 store safe for single deletions of
+// pending-index entries (see retirePending). Version 1 set an entry again
+// in place when a write kept the lease's end, so a key may hold two sets
+// in different tables; a single deletion would cancel only the newer, and
+// the older would come back. Compacting the family to the last level
+// leaves one set per key. The version is written after, so an
+// interrupted upgrade runs again, and a build that still writes version 1
+// refuses the store.
+func (db *DB) upgradeFrom1() error {
+	lo, hi := keys.FamilySpan(keys.TagPending)
+	if err := db.pdb.Compact(context.Background(), lo, hi, false); err != nil {
+		return fmt.Errorf("idem: upgrade schema version 1: %w", err)
+	}
+	return db.writeSchema()
 }
 
 // Close stops the background loop, waits for operations in flight and
