@@ -27,9 +27,9 @@ type results struct {
 	rows     []row
 	cfg      config
 	overhead *overhead // nil when the middleware was not measured
-	// settled is how long the run waited for the machine to fall quiet
-	// before the replays and before the middleware, in that order.
-	settled []time.Duration
+	// settled is what the waits for a quiet machine before the replays
+	// and before the middleware saw, in that order.
+	settled []settled
 }
 
 // overhead is the middleware's cost per request over a no-op handler.
@@ -110,9 +110,9 @@ func markdown(res results) string {
 		fmt.Fprintf(&b, " Each cell ran %d times, interleaved with the others; its row is the median run, and runs gives the slowest and fastest.", res.cfg.rounds)
 	}
 	if len(res.settled) > 0 {
-		fmt.Fprintf(&b, " Before the replays the run waited %s for the stores' background work to end", res.settled[0].Round(100*time.Millisecond))
+		fmt.Fprintf(&b, " Before the replays the run %s", res.settled[0])
 		if len(res.settled) > 1 {
-			fmt.Fprintf(&b, ", and %s before the middleware", res.settled[1].Round(100*time.Millisecond))
+			fmt.Fprintf(&b, ", and before the middleware it %s", res.settled[1])
 		}
 		b.WriteString(".")
 	}

@@ -21,13 +21,20 @@ const (
 	settleBusy    = 0.10                   // busy share of all processors below which a sample is quiet
 )
 
+// settled is what one settle saw.
+type settled struct {
+	waited time.Duration
+	quiet  bool // false: the limit passed, or /proc/stat could not be read
+}
+
 // settle waits until the processors have been nearly idle for
-// settleSamples ticks in a row, or limit passed, and returns how long it
-// waited. Where /proc/stat cannot be read it returns at once.
-func settle(limit time.Duration) time.Duration {
+// settleSamples ticks in a row, or limit passed. Where /proc/stat cannot
+// be read it returns at once.
+func settle(limit time.Duration) settled {
 	start := time.Now()
 	prev, err := readCPU()
-	for quiet := 0; err == nil && quiet < settleSamples && time.Since(start) < limit; {
+	quiet := 0
+	for err == nil && quiet < settleSamples && time.Since(start) < limit {
 		time.Sleep(settleTick)
 		var cur cpuTimes
 		if cur, err = readCPU(); err != nil {
@@ -40,7 +47,15 @@ func settle(limit time.Duration) time.Duration {
 		}
 		prev = cur
 	}
-	return time.Since(start)
+	return settled{waited: time.Since(start), quiet: quiet == settleSamples}
+}
+
+func (s settled) String() string {
+	d := s.waited.Round(100 * time.Millisecond)
+	if s.quiet {
+		return "waited " + d.String() + " for the machine to fall quiet"
+	}
+	return "gave up waiting for a quiet machine after " + d.String()
 }
 
 // cpuTimes is the first line of /proc/stat: time spent by all processors,
@@ -71,15 +86,16 @@ func readCPU() (cpuTimes, error) {
 	return parseCPULine(line)
 }
 
-// parseCPULine reads "cpu user nice system idle iowait irq softirq ...":
-// idle and iowait are the time not busy.
+// parseCPULine reads "cpu user nice system idle iowait irq softirq steal
+// guest guest_nice": idle and iowait are the time not busy, and the guest
+// times are already counted in user and nice.
 func parseCPULine(line string) (cpuTimes, error) {
 	fields := strings.Fields(line)
 	if len(fields) < 6 || fields[0] != "cpu" {
 		return cpuTimes{}, fmt.Errorf("bench: unexpected /proc/stat line %q", line)
 	}
 	var c cpuTimes
-	for i, f := range fields[1:] {
+	for i, f := range fields[1:min(len(fields), 9)] {
 		n, err := strconv.ParseUint(f, 10, 64)
 		if err != nil {
 			return cpuTimes{}, fmt.Errorf("bench: unexpected /proc/stat line %q", line)

@@ -8,9 +8,10 @@ import (
 )
 
 func TestParseCPULine(t *testing.T) {
-	c, err := parseCPULine("cpu  100 5 50 800 40 3 2 0 0 0\n")
+	c, err := parseCPULine("cpu  100 5 50 800 40 3 2 0 7 1\n")
 	require.NoError(t, err)
-	// Idle (800) and iowait (40) are the time not busy.
+	// Idle (800) and iowait (40) are the time not busy; guest times (7, 1)
+	// are already in user and nice.
 	assert.Equal(t, cpuTimes{busy: 160, total: 1000}, c)
 	later, err := parseCPULine("cpu  130 5 60 860 40 3 2 0 0 0\n")
 	require.NoError(t, err)
