@@ -26,14 +26,39 @@ func TestIndexesHoldThroughFlushesAndCompactions(t *testing.T) {
 	for seq := range sequences {
 		seed := uint64(time.Now().UnixNano()) + uint64(seq)
 		if !t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			runIndexSequence(t, rand.New(rand.NewPCG(seed, 3)), steps)
+			runIndexSequence(t, rand.New(rand.NewPCG(seed, 3)).IntN, steps)
 		}) {
 			break
 		}
 	}
 }
 
-func runIndexSequence(t *testing.T, rng *rand.Rand, steps int) {
+// FuzzIndexes runs the same sequences with every choice taken from the
+// fuzzer's bytes, so that coverage steers which operations meet which
+// flushes and compactions.
+func FuzzIndexes(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 8, 0, 3, 0, 10, 3, 0, 11, 4, 0, 0, 10, 11})
+	f.Add([]byte{0, 1, 0, 8, 6, 6, 0, 9, 2, 0, 4, 1, 11, 5, 2, 10})
+	f.Fuzz(func(t *testing.T, choices []byte) {
+		if len(choices) > 4096 {
+			return
+		}
+		// A choice past the end is 0, a claim; the run ends with the bytes.
+		intn := func(n int) int {
+			if len(choices) == 0 {
+				return 0
+			}
+			c := int(choices[0]) % n
+			choices = choices[1:]
+			return c
+		}
+		runIndexSequence(t, intn, len(choices)/2)
+	})
+}
+
+// runIndexSequence takes every choice from intn, which returns a number
+// in [0, n).
+func runIndexSequence(t *testing.T, intn func(n int) int, steps int) {
 	ctx := context.Background()
 	now := time.Unix(1_800_000_000, 0)
 	db, err := Open("db", &Options{
@@ -50,7 +75,7 @@ func runIndexSequence(t *testing.T, rng *rand.Rand, steps int) {
 		if len(leases) == 0 {
 			return nil
 		}
-		return leases[rng.IntN(len(leases))]
+		return leases[intn(len(leases))]
 	}
 	// expected lists the refusals a step may meet; anything else fails.
 	expected := func(err error) bool {
@@ -67,18 +92,18 @@ func runIndexSequence(t *testing.T, rng *rand.Rand, steps int) {
 	for step := range steps {
 		var err error
 		var what string
-		switch op := rng.IntN(12); {
+		switch op := intn(12); {
 		case op < 2:
 			what = "claim"
 			var l *Lease
-			l, _, err = db.Claim(ctx, scopes[rng.IntN(len(scopes))], prints[rng.IntN(len(prints))])
+			l, _, err = db.Claim(ctx, scopes[intn(len(scopes))], prints[intn(len(prints))])
 			if l != nil {
 				leases = append(leases, l)
 			}
 		case op == 2:
 			what = "take over"
 			var l *Lease
-			l, err = db.TakeOver(ctx, scopes[rng.IntN(len(scopes))])
+			l, err = db.TakeOver(ctx, scopes[intn(len(scopes))])
 			if l != nil {
 				leases = append(leases, l)
 			}
@@ -91,7 +116,7 @@ func runIndexSequence(t *testing.T, rng *rand.Rand, steps int) {
 			case 3:
 				what, err = "extend", l.Extend(ctx)
 			case 4:
-				body := make([]byte, rng.IntN(40))
+				body := make([]byte, intn(40))
 				what, err = "complete", l.Complete(ctx, Response{Status: 201, Body: body})
 			case 5:
 				what, err = "release", l.Release(ctx)
@@ -103,7 +128,7 @@ func runIndexSequence(t *testing.T, rng *rand.Rand, steps int) {
 		case op == 8:
 			// Mostly no time at all, so that writes keep their keys.
 			what = "advance"
-			now = now.Add([]time.Duration{0, 0, 0, time.Nanosecond, time.Second, 11 * time.Second, 101 * time.Second}[rng.IntN(7)])
+			now = now.Add([]time.Duration{0, 0, 0, time.Nanosecond, time.Second, 11 * time.Second, 101 * time.Second}[intn(7)])
 		case op == 9:
 			what = "sweep"
 			_, err = db.Sweep(ctx)
