@@ -21,6 +21,10 @@ const (
 	settleBusy    = 0.10                   // busy share of all processors below which a sample is quiet
 )
 
+// settleLimit bounds a wait by the length of a cell: a minute in a full
+// run, a few seconds in a smoke run.
+func settleLimit(cell time.Duration) time.Duration { return min(time.Minute, 20*cell) }
+
 // settled is what one settle saw.
 type settled struct {
 	waited time.Duration
@@ -61,10 +65,6 @@ func (s settled) String() string {
 // cpuTimes is the first line of /proc/stat: time spent by all processors,
 // in clock ticks.
 type cpuTimes struct{ busy, total uint64 }
-
-// settleLimit bounds a wait by the length of a cell: a minute in a full
-// run, a few seconds in a smoke run.
-func settleLimit(cell time.Duration) time.Duration { return min(time.Minute, 20*cell) }
 
 func (c cpuTimes) busyShareSince(prev cpuTimes) float64 {
 	if c.total <= prev.total {
