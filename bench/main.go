@@ -57,7 +57,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	cfg.duration, cfg.body, cfg.rounds = *duration, make([]byte, *bodySize), *rounds
+	cfg.duration, cfg.body, cfg.rounds = *duration, responseBody(*bodySize), *rounds
 	res, err := run(context.Background(), cfg, *dataDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -21,7 +21,7 @@ import (
 
 func openBench(b *testing.B, name string) system {
 	b.Helper()
-	s, err := openers[name](env{dir: b.TempDir(), maxConc: 64, body: make([]byte, 1024)})
+	s, err := openers[name](env{dir: b.TempDir(), maxConc: 64, body: responseBody(1024)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func parallel(b *testing.B, conc int, fn func(rng *rand.Rand) error) {
 }
 
 func BenchmarkClaimComplete(b *testing.B) {
-	body := make([]byte, 1024)
+	body := responseBody(1024)
 	ctx := context.Background()
 	for _, conc := range []int{1, 16, 64} {
 		for _, name := range []string{"idem", "pebble", "pebble-tuned"} {
@@ -74,7 +74,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 }
 
 func BenchmarkReplay(b *testing.B) {
-	body := make([]byte, 1024)
+	body := responseBody(1024)
 	ctx := context.Background()
 	for _, name := range []string{"idem", "pebble", "pebble-tuned"} {
 		b.Run("system="+name, func(b *testing.B) {
@@ -152,7 +152,7 @@ func BenchmarkClaim(b *testing.B) {
 // the timer stopped.
 func BenchmarkComplete(b *testing.B) {
 	ctx := context.Background()
-	resp := idem.Response{Status: 201, Header: benchHeader, Body: make([]byte, 1024)}
+	resp := idem.Response{Status: 201, Header: benchHeader, Body: responseBody(1024)}
 	for _, sync := range []bool{true, false} {
 		b.Run(fmt.Sprintf("conc=1/sync=%t", sync), func(b *testing.B) {
 			db := openIdemBench(b, sync)
