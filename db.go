@@ -57,9 +57,11 @@ func (s Scope) recordKey() []byte {
 }
 
 // schemaVersion is written at the first Open and checked at every later
-// one. Version 2 retires pending-index entries with single deletions;
-// Open upgrades a version 1 store in place (upgradeFrom1).
-const schemaVersion = 2
+// one, and a build refuses a store of a later version than its own. Version
+// 2 retires pending-index entries with single deletions; version 3 writes
+// records of formatVersion 2, whose bodies may be compressed. Open upgrades
+// an older store in place (upgrade).
+const schemaVersion = 3
 
 // numStripes is the number of per-key mutexes. Enough that unrelated keys
 // rarely share one at a few hundred concurrent requests.
@@ -184,9 +186,9 @@ func (db *DB) checkSchema() error {
 	switch {
 	case n <= 0:
 		return fmt.Errorf("%w: unreadable schema version", ErrCorrupt)
-	case got == 1:
-		return db.upgradeFrom1()
-	case got != schemaVersion:
+	case got < schemaVersion:
+		return db.upgrade(got)
+	case got > schemaVersion:
 		return fmt.Errorf("idem: data directory has schema version %d; this build reads version %d", got, schemaVersion)
 	}
 	return nil
@@ -198,18 +200,23 @@ func (db *DB) writeSchema() error {
 	})
 }
 
-// upgradeFrom1 makes a version 1 store safe for single deletions of
+// upgrade brings a store of schema version from up to schemaVersion. The
+// version is written last, so an interrupted upgrade runs again, and a
+// build that still writes the old version refuses the store.
+//
+// A version 1 store must first be made safe for single deletions of
 // pending-index entries (see retirePending). Version 1 set an entry again
 // in place when a write kept the lease's end, so a key may hold two sets
 // in different tables; a single deletion would cancel only the newer, and
 // the older would come back. Compacting the family to the last level
-// leaves one set per key. The version is written after, so an
-// interrupted upgrade runs again, and a build that still writes version 1
-// refuses the store.
-func (db *DB) upgradeFrom1() error {
-	lo, hi := keys.FamilySpan(keys.TagPending)
-	if err := db.pdb.Compact(context.Background(), lo, hi, false); err != nil {
-		return fmt.Errorf("idem: upgrade schema version 1: %w", err)
+// leaves one set per key. Version 3 needs nothing but its number: it only
+// writes a record format that older builds cannot read, and reads theirs.
+func (db *DB) upgrade(from uint64) error {
+	if from < 2 {
+		lo, hi := keys.FamilySpan(keys.TagPending)
+		if err := db.pdb.Compact(context.Background(), lo, hi, false); err != nil {
+			return fmt.Errorf("idem: upgrade schema version %d: %w", from, err)
+		}
 	}
 	return db.writeSchema()
 }

@@ -157,7 +157,7 @@ func (o *Options) withDefaults() (Options, error) {
 	for ep, ttl := range c.EndpointTTL {
 		checkTTL(fmt.Sprintf("EndpointTTL[%q]", ep), ttl)
 	}
-	if c.InlineBodyBytes < 0 || c.InlineBodyBytes > 16<<20 {
+	if c.InlineBodyBytes < 0 || c.InlineBodyBytes > maxInlineBodyBytes {
 		bad("InlineBodyBytes %d must be between 0 and 16 MiB", c.InlineBodyBytes)
 	}
 	if c.MaxBodyBytes < int64(c.InlineBodyBytes) || c.MaxBodyBytes > 1<<30 {

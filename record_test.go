@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"math/rand/v2"
 	"net/http"
 	"runtime"
 	"testing"
@@ -49,13 +50,109 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
+// randomBytes returns n bytes that do not compress.
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// TestBodyCompression: a body that compresses is stored compressed and
+// comes back as it was; one that does not, and one too short to try, are
+// stored as they are.
+func TestBodyCompression(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		body       []byte
+		compressed bool
+	}{
+		{"json", bytes.Repeat([]byte(`{"id":"pay_1","amount":4200,"currency":"usd"},`), 40), true},
+		{"random", randomBytes(4096), false},
+		{"short", bytes.Repeat([]byte{'a'}, minCompressBytes-1), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := sampleRecord()
+			rec.chunks = 0
+			rec.Response.Body, rec.BodyLen, rec.BodyDigest = tc.body, int64(len(tc.body)), bodyDigest(tc.body)
+			v, err := rec.encode(nil)
+			require.NoError(t, err)
+			assert.Equal(t, tc.compressed, len(v) < len(tc.body), "stored %d bytes for a %d-byte body", len(v), len(tc.body))
+			got, err := decodeRecord(v)
+			require.NoError(t, err)
+			assert.Equal(t, tc.body, got.Response.Body)
+		})
+	}
+}
+
+// TestDecodeRejectsBadCompressedBodies: a compressed body must expand to
+// exactly BodyLen bytes, and only a whole inline body is ever compressed.
+func TestDecodeRejectsBadCompressedBodies(t *testing.T) {
+	body := bytes.Repeat([]byte("abcdefgh"), 64)
+	for _, mutate := range []func(r *Record){
+		func(r *Record) { r.BodyLen-- },
+		func(r *Record) { r.BodyLen = maxInlineBodyBytes + 1 },
+		func(r *Record) { r.chunks = 1 },
+		func(r *Record) { r.BodyOmitted = true },
+	} {
+		rec := sampleRecord()
+		rec.chunks = 0
+		rec.Response.Body, rec.BodyLen = body, int64(len(body))
+		mutate(rec)
+		v, err := rec.encode(nil)
+		require.NoError(t, err)
+		_, err = decodeRecord(v)
+		assert.ErrorIs(t, err, ErrCorrupt)
+	}
+
+	rec := sampleRecord()
+	rec.chunks = 0
+	rec.Response.Body, rec.BodyLen = body, int64(len(body))
+	v, err := rec.encode(nil)
+	require.NoError(t, err)
+	require.Equal(t, byte(codecS2), v[len(v)-1])
+	v[len(v)-1] = 2 // an unknown codec
+	_, err = decodeRecord(v)
+	assert.ErrorIs(t, err, ErrCorrupt)
+}
+
+// asFormat1 rewrites a formatVersion 2 value with a raw body as version 1
+// wrote it: the same fields without the trailing codec.
+func asFormat1(t *testing.T, v []byte) []byte {
+	t.Helper()
+	require.Equal(t, []byte{0x90 | payloadFields}, v[headerLen:headerLen+1])
+	require.Equal(t, byte(codecRaw), v[len(v)-1])
+	v1 := append([]byte(nil), v[:len(v)-1]...)
+	v1[0], v1[headerLen] = 1, 0x90|(payloadFields-1)
+	return v1
+}
+
+// TestDecodeReadsFormat1: values written before bodies were compressed
+// still decode to the same record.
+func TestDecodeReadsFormat1(t *testing.T) {
+	rec := sampleRecord()
+	v, err := rec.encode(nil)
+	require.NoError(t, err)
+	want, err := decodeRecord(v)
+	require.NoError(t, err)
+	v1 := asFormat1(t, v)
+	got, err := decodeRecord(v1)
+	require.NoError(t, err)
+	want.storedLen = int64(len(v1))
+	assert.Equal(t, want, got)
+	_, err = decodeRecord(v1[:len(v1)-1])
+	assert.ErrorIs(t, err, ErrCorrupt)
+}
+
 // TestDecodeAcceptsLaterFields checks the forward-compatibility rule: a
 // payload with extra trailing fields still decodes.
 func TestDecodeAcceptsLaterFields(t *testing.T) {
 	v, err := sampleRecord().encode(nil)
 	require.NoError(t, err)
-	v[headerLen] = 0x90 | (payloadFields + 2) // fixarray of 15
-	v = append(v, 0xc3, 0xa1, 'z')            // true, "z"
+	v[headerLen] = 0x90 | (payloadFields + 1) // fixarray of 15, the largest
+	v = append(v, 0xa1, 'z')                  // "z"
 	got, err := decodeRecord(v)
 	require.NoError(t, err)
 	assert.Equal(t, 201, got.Response.Status)
@@ -92,6 +189,13 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add(v)
 	f.Add(v[:headerLen])
 	f.Add([]byte{})
+	compressed := sampleRecord()
+	compressed.chunks = 0
+	compressed.Response.Body = bytes.Repeat([]byte(`{"amount":4200},`), 16)
+	compressed.BodyLen = int64(len(compressed.Response.Body))
+	v, err = compressed.encode(nil)
+	require.NoError(f, err)
+	f.Add(v)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rec, err := decodeRecord(b)
 		if err != nil {
@@ -128,7 +232,9 @@ func BenchmarkDecodeRecord(b *testing.B) {
 // so before anything that long is allocated. A damaged value must cost an
 // error, never a gigabyte.
 func TestDecodeRefusesLengthsBeyondTheValue(t *testing.T) {
-	long := bytes.Repeat([]byte{'a'}, 70000) // long enough for a 32-bit length
+	// Long enough for a 32-bit length, and random so that the body is
+	// stored as it is.
+	long := randomBytes(70000)
 	withBody, withHeader, withTrailer := sampleRecord(), sampleRecord(), sampleRecord()
 	withBody.Response.Body = long
 	withHeader.Response.Header = http.Header{"X-Long": {string(long)}}
