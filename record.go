@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -136,7 +137,8 @@ var errCorrupt = errors.New("idem: corrupt record")
 // fail, so the errors are joined rather than checked one by one.
 func (r *Record) encode(dst []byte) ([]byte, error) {
 	body, codec := r.Response.Body, codecRaw
-	if len(body) >= minCompressBytes {
+	// Only what expand accepts: a whole body, kept inline.
+	if len(body) >= minCompressBytes && int64(len(body)) == r.BodyLen && r.chunks == 0 && !r.BodyOmitted {
 		if c := s2.Encode(nil, body); len(c) <= len(body)-len(body)/8 {
 			body, codec = c, codecS2
 		}
@@ -221,7 +223,7 @@ func decodeRecord(v []byte) (*Record, error) {
 	if err != nil || n < fields {
 		return nil, errCorrupt
 	}
-	f := fieldReader{dec: dec, rd: &d.rd}
+	f := fieldReader{dec: dec, rd: &d.rd, src: v[headerLen:]}
 	f.fixed(r.Fingerprint[:])
 	f.fixed(r.token[:])
 	r.CreatedAt = time.Unix(0, f.int())
@@ -230,7 +232,7 @@ func decodeRecord(v []byte) (*Record, error) {
 	r.Attempts = uint32(f.uint(1<<32 - 1))
 	r.Response.Status = int(f.uint(999))
 	r.Response.Header = f.header()
-	r.Response.Body = f.bytes()
+	body := f.view()
 	r.BodyLen = f.int()
 	f.fixed(r.BodyDigest[:])
 	r.chunks = uint32(f.uint(1<<32 - 1))
@@ -246,9 +248,11 @@ func decodeRecord(v []byte) (*Record, error) {
 		return nil, errCorrupt
 	}
 	if codec == codecS2 {
-		if r.Response.Body, err = r.expand(r.Response.Body); err != nil {
+		if r.Response.Body, err = r.expand(body); err != nil {
 			return nil, err
 		}
+	} else {
+		r.Response.Body = bytes.Clone(body)
 	}
 	r.storedLen = int64(len(v))
 	return r, nil
@@ -289,7 +293,8 @@ func (d *recordDecoder) release() {
 // that nothing past a broken field is read.
 type fieldReader struct {
 	dec *msgpack.Decoder
-	rd  *bytes.Reader // what dec reads from
+	rd  *bytes.Reader // what dec reads from, without a buffer between
+	src []byte        // what rd reads
 	err error
 }
 
@@ -339,14 +344,16 @@ func (f *fieldReader) byteLen() int {
 	return n
 }
 
-func (f *fieldReader) bytes() []byte {
+// view decodes a byte string as a slice of src, without copying it: the
+// body is copied once, or expanded, only when its codec is known.
+func (f *fieldReader) view() []byte {
 	n := f.byteLen()
 	if f.err != nil || n < 0 {
 		return nil
 	}
-	v := make([]byte, n)
-	f.err = f.dec.ReadFull(v)
-	return v
+	off := len(f.src) - f.rd.Len()
+	_, f.err = f.rd.Seek(int64(n), io.SeekCurrent)
+	return f.src[off : off+n : off+n]
 }
 
 func (f *fieldReader) string() string {

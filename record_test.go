@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -88,29 +89,35 @@ func TestBodyCompression(t *testing.T) {
 }
 
 // TestDecodeRejectsBadCompressedBodies: a compressed body must expand to
-// exactly BodyLen bytes, and only a whole inline body is ever compressed.
+// exactly BodyLen bytes, only a whole inline body is ever compressed, and
+// an unknown codec is damage.
 func TestDecodeRejectsBadCompressedBodies(t *testing.T) {
 	body := bytes.Repeat([]byte("abcdefgh"), 64)
-	for _, mutate := range []func(r *Record){
-		func(r *Record) { r.BodyLen-- },
-		func(r *Record) { r.BodyLen = maxInlineBodyBytes + 1 },
-		func(r *Record) { r.chunks = 1 },
-		func(r *Record) { r.BodyOmitted = true },
-	} {
+	c := s2.Encode(nil, body)
+	whole := func() *Record {
 		rec := sampleRecord()
 		rec.chunks = 0
 		rec.Response.Body, rec.BodyLen = body, int64(len(body))
-		mutate(rec)
-		v, err := rec.encode(nil)
-		require.NoError(t, err)
-		_, err = decodeRecord(v)
-		assert.ErrorIs(t, err, ErrCorrupt)
+		return rec
 	}
+	got, err := whole().expand(c)
+	require.NoError(t, err)
+	require.Equal(t, body, got)
+	for name, mutate := range map[string]func(r *Record){
+		"shorter":  func(r *Record) { r.BodyLen-- },
+		"too long": func(r *Record) { r.BodyLen = maxInlineBodyBytes + 1 },
+		"chunks":   func(r *Record) { r.chunks = 1 },
+		"omitted":  func(r *Record) { r.BodyOmitted = true },
+	} {
+		rec := whole()
+		mutate(rec)
+		_, err := rec.expand(c)
+		assert.ErrorIs(t, err, ErrCorrupt, name)
+	}
+	_, err = whole().expand(c[:len(c)-1])
+	assert.ErrorIs(t, err, ErrCorrupt, "truncated")
 
-	rec := sampleRecord()
-	rec.chunks = 0
-	rec.Response.Body, rec.BodyLen = body, int64(len(body))
-	v, err := rec.encode(nil)
+	v, err := whole().encode(nil)
 	require.NoError(t, err)
 	require.Equal(t, byte(codecS2), v[len(v)-1])
 	v[len(v)-1] = 2 // an unknown codec
@@ -216,7 +223,8 @@ func FuzzDecodeRecord(f *testing.F) {
 func BenchmarkDecodeRecord(b *testing.B) {
 	rec := sampleRecord()
 	rec.Response.Header = http.Header{"Content-Type": {"application/json"}}
-	rec.Response.Body = make([]byte, 1024)
+	rec.Response.Body = bytes.Repeat([]byte(`{"id":"li_1","amount":4200},`), 37)[:1024]
+	rec.BodyLen, rec.chunks = 1024, 0
 	v, err := rec.encode(nil)
 	require.NoError(b, err)
 	b.ReportAllocs()
