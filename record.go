@@ -114,11 +114,11 @@ const (
 )
 
 // How an inline body is stored. Response bodies are mostly JSON, which S2
-// shrinks to a third or so for about a microsecond per kilobyte; every byte
-// saved is a byte less to sync in the log, to hold in the memtable and to
-// rewrite in each compaction, which at high concurrency is what bounds
-// throughput. A body is compressed only when that saves an eighth of it:
-// small or random bodies are kept as they are, for nothing.
+// shrinks by a third to two thirds for about a microsecond per kilobyte;
+// every byte saved is a byte less to sync in the log, to hold in the
+// memtable and to rewrite in each compaction, and at high concurrency those
+// bytes bound throughput. A body is compressed only when that saves an
+// eighth of it, so short and random bodies are kept as they are.
 const (
 	codecRaw = 0
 	codecS2  = 1
