@@ -1,0 +1,268 @@
+package fuzz
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/internal/idemtest"
+)
+
+// FuzzOps runs a program of store operations, each chosen by the fuzzer's
+// bytes, and checks every answer against a model of the contract: claims,
+// replays, conflicts, mismatches and pending outcomes, every way a lease
+// ends, a clock that moves across lease ends and expiries, sweeps, and
+// crashes of the filesystem (Pebble's crashable in-memory one) followed by
+// a reopen. Whatever was acknowledged before a crash must answer the same
+// after it, and a lease from before it must be refused.
+func FuzzOps(f *testing.F) {
+	f.Add([]byte{0, 0, 3, 2, 0, 0, 1, 1, 9, 0})       // claim, complete, replay, mismatch, get
+	f.Add([]byte{0, 5, 2, 9, 7, 3, 2, 5, 8, 0, 2, 5}) // claim, conflict, lease runs out, pending, crash
+	f.Add([]byte{1, 9, 3, 4, 8, 1, 7, 4, 0, 9, 5, 5, 6, 9, 8, 3})
+	f.Add([]byte{2, 0, 3, 6, 7, 2, 6, 0, 4, 4, 5, 7, 4, 8, 2, 1, 2})
+	f.Fuzz(func(t *testing.T, prog []byte) {
+		h := newOpsHarness(t)
+		defer h.close()
+		in := bytes.NewReader(prog)
+		next := func() int { b, _ := in.ReadByte(); return int(b) }
+		for step := 0; in.Len() > 0 && step < 200; step++ {
+			op, arg := next(), next()
+			h.step(op%10, arg)
+		}
+	})
+}
+
+// The model's parameters: three keys, two request fingerprints, a lease of
+// a second and the shortest TTL allowed for it.
+const (
+	opsKeys  = 3
+	opsLease = time.Second
+	opsTTL   = 10 * opsLease
+
+	opsInlineBody = 512
+	opsMaxBody    = 4096
+)
+
+// opsBodies are the responses an operation may complete with: none, one
+// too short to compress, one that compresses and stays inline, one stored
+// in chunks and one too large to keep at all.
+var opsBodies = func() [][]byte {
+	rng := rand.New(rand.NewPCG(3, 4))
+	random := make([]byte, 100)
+	for i := range random {
+		random[i] = byte(rng.Uint32())
+	}
+	jsonBody := func(n int) []byte {
+		return []byte(strings.Repeat(`{"id":"li_1","amount":4200},`, n/28+1)[:n])
+	}
+	return [][]byte{nil, random, jsonBody(400), jsonBody(3000), jsonBody(5000)}
+}()
+
+// modelRecord is what the store should hold for a key.
+type modelRecord struct {
+	fp         int
+	state      idem.State
+	leaseUntil time.Time
+	expiresAt  time.Time
+	status     int
+	body       []byte
+	omitted    bool
+	owner      int // the lease that may still change it
+}
+
+// opsLeaseEntry is a lease the harness was granted, kept so that it can be
+// tried again after others replaced it.
+type opsLeaseEntry struct {
+	lease *idem.Lease
+	id    int
+	epoch int // the store incarnation that granted it
+}
+
+type opsHarness struct {
+	t       *testing.T
+	ctx     context.Context
+	fs      *vfs.MemFS
+	db      *idem.DB
+	clock   *idemtest.Clock
+	epoch   int
+	leases  [opsKeys][]opsLeaseEntry // every lease granted per key, newest last
+	model   [opsKeys]*modelRecord
+	nextID  int
+	crashes uint64
+}
+
+func newOpsHarness(t *testing.T) *opsHarness {
+	h := &opsHarness{t: t, ctx: context.Background(), fs: vfs.NewCrashableMem(), clock: idemtest.NewClock()}
+	h.open()
+	return h
+}
+
+func (h *opsHarness) open() {
+	db, err := idem.Open("db", &idem.Options{
+		FS: h.fs, SweepInterval: -1, Lease: opsLease, TTL: opsTTL,
+		InlineBodyBytes: opsInlineBody, MaxBodyBytes: opsMaxBody,
+		Now: h.clock.Now,
+	})
+	require.NoError(h.t, err)
+	h.db = db
+	h.epoch++
+}
+
+func (h *opsHarness) close() { require.NoError(h.t, h.db.Close()) }
+
+func (h *opsHarness) scope(k int) idem.Scope {
+	return idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: fmt.Sprint("key-", k)}
+}
+
+func fingerprint(fp int) idem.Fingerprint { return sha256.Sum256([]byte{byte(fp)}) }
+
+// live returns the model's record for k if it has not expired.
+func (h *opsHarness) live(k int) *modelRecord {
+	m := h.model[k]
+	if m == nil || !h.clock.Now().Before(m.expiresAt) {
+		return nil
+	}
+	return m
+}
+
+// step runs one operation; arg picks its key and its variant.
+func (h *opsHarness) step(op, arg int) {
+	k := arg % opsKeys
+	switch op {
+	case 0, 1, 2:
+		h.claim(k, arg/opsKeys%2)
+	case 3:
+		status := []int{200, 201, 409, 500}[arg/opsKeys%4]
+		body := opsBodies[arg/opsKeys/4%len(opsBodies)]
+		h.end(k, arg, "complete", func(l *idem.Lease) error {
+			return l.Complete(h.ctx, idem.Response{Status: status, Body: body})
+		}, func(m *modelRecord) {
+			m.state, m.leaseUntil, m.status = idem.StateCompleted, h.clock.Now(), status
+			m.body, m.omitted = body, len(body) > opsMaxBody
+		})
+	case 4:
+		h.end(k, arg, "release", func(l *idem.Lease) error { return l.Release(h.ctx) },
+			func(*modelRecord) { h.model[k] = nil })
+	case 5:
+		state, end := idem.StateUnknown, (*idem.Lease).MarkUnknown
+		if arg/opsKeys%2 == 1 {
+			state, end = idem.StateFailed, (*idem.Lease).MarkFailed
+		}
+		h.end(k, arg, state.String(), func(l *idem.Lease) error { return end(l, h.ctx) },
+			func(m *modelRecord) { m.state, m.leaseUntil = state, h.clock.Now() })
+	case 6:
+		h.end(k, arg, "extend", func(l *idem.Lease) error { return l.Extend(h.ctx) },
+			func(m *modelRecord) { m.leaseUntil = h.clock.Now().Add(opsLease) })
+	case 7:
+		// Steps that land inside a lease, on its end exactly, past it,
+		// and past the TTL.
+		d := []time.Duration{time.Millisecond, 400 * time.Millisecond, opsLease, 3 * opsLease, opsTTL}[arg%5]
+		h.clock.Advance(d)
+	case 8:
+		if arg%2 == 0 {
+			_, err := h.db.Sweep(h.ctx)
+			require.NoError(h.t, err)
+		} else {
+			h.crash(arg / 2 % 101)
+		}
+	case 9:
+		h.get(k)
+	}
+}
+
+// claim checks a claim's answer against the model, and records its lease.
+func (h *opsHarness) claim(k, fp int) {
+	t, now := h.t, h.clock.Now()
+	l, rec, err := h.db.Claim(h.ctx, h.scope(k), fingerprint(fp))
+	m := h.live(k)
+	switch {
+	case m == nil:
+		require.NoError(t, err, "claim of a free key %d", k)
+		require.NotNil(t, l)
+		h.nextID++
+		h.leases[k] = append(h.leases[k], opsLeaseEntry{lease: l, id: h.nextID, epoch: h.epoch})
+		h.model[k] = &modelRecord{fp: fp, state: idem.StateInProgress, leaseUntil: now.Add(opsLease), expiresAt: now.Add(opsTTL), owner: h.nextID}
+	case m.fp != fp:
+		require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "key %d holds fingerprint %d, claimed with %d", k, m.fp, fp)
+	case m.state == idem.StateCompleted:
+		require.NoError(t, err, "replay of key %d", k)
+		require.NotNil(t, rec)
+		h.checkResponse(k, m, rec)
+	case m.state == idem.StateInProgress && now.Before(m.leaseUntil):
+		require.ErrorIs(t, err, idem.ErrInProgress, "key %d is held", k)
+	default:
+		require.ErrorIs(t, err, idem.ErrOutcomePending, "key %d is %s", k, m.state)
+	}
+}
+
+// end runs a lease method on the newest lease of k, or on an older one when
+// arg says so, and checks that it is refused exactly when the model says
+// the lease no longer holds the record; if it is not, apply makes the same
+// change to the model.
+func (h *opsHarness) end(k, arg int, what string, call func(*idem.Lease) error, apply func(*modelRecord)) {
+	ls := h.leases[k]
+	if len(ls) == 0 {
+		return
+	}
+	e := ls[len(ls)-1]
+	if arg/opsKeys/20%2 == 1 {
+		e = ls[arg%len(ls)]
+	}
+	m := h.live(k)
+	err := call(e.lease)
+	switch {
+	case e.epoch != h.epoch:
+		require.ErrorIs(h.t, err, idem.ErrClosed, "%s with a lease from before a crash", what)
+	case m == nil || m.owner != e.id || m.state != idem.StateInProgress:
+		require.ErrorIs(h.t, err, idem.ErrLeaseLost, "%s with a lease that no longer holds key %d", what, k)
+	default:
+		require.NoError(h.t, err, "%s of key %d", what, k)
+		apply(m)
+	}
+}
+
+// get checks what Get returns for k.
+func (h *opsHarness) get(k int) {
+	rec, err := h.db.Get(h.ctx, h.scope(k))
+	m := h.live(k)
+	if m == nil {
+		require.ErrorIs(h.t, err, idem.ErrNotFound, "key %d", k)
+		return
+	}
+	require.NoError(h.t, err, "key %d", k)
+	require.Equal(h.t, m.state, rec.State, "key %d", k)
+	require.Equal(h.t, fingerprint(m.fp), rec.Fingerprint, "key %d", k)
+	require.True(h.t, m.leaseUntil.Equal(rec.LeaseUntil), "key %d lease until %s, stored %s", k, m.leaseUntil, rec.LeaseUntil)
+	if m.state == idem.StateCompleted {
+		h.checkResponse(k, m, rec)
+	}
+}
+
+func (h *opsHarness) checkResponse(k int, m *modelRecord, rec *idem.Record) {
+	require.Equal(h.t, m.status, rec.Response.Status, "key %d", k)
+	require.Equal(h.t, m.omitted, rec.BodyOmitted, "key %d", k)
+	require.Equal(h.t, int64(len(m.body)), rec.BodyLen, "key %d", k)
+	if !m.omitted && !bytes.Equal(m.body, rec.Response.Body) {
+		h.t.Fatalf("key %d replayed a body of %d bytes, stored %d", k, len(rec.Response.Body), len(m.body))
+	}
+}
+
+// crash takes a crash image of the filesystem, with unsynced percent of
+// what was not synced surviving, and reopens the store on it. Every answer
+// before it was acknowledged, so the model stands; its leases do not.
+func (h *opsHarness) crash(unsynced int) {
+	h.crashes++
+	image := h.fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: unsynced, RNG: rand.New(rand.NewPCG(h.crashes, 5))})
+	require.NoError(h.t, h.db.Close())
+	h.fs = image
+	h.open()
+}
