@@ -184,7 +184,7 @@ func (db *DB) checkSchema() error {
 	got, n := binary.Uvarint(v)
 	closer.Close()
 	switch {
-	case n <= 0:
+	case n <= 0 || got == 0: // no build ever wrote version 0
 		return fmt.Errorf("%w: unreadable schema version", ErrCorrupt)
 	case got < schemaVersion:
 		return db.upgrade(got)

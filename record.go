@@ -72,8 +72,7 @@ type Record struct {
 	Scope       Scope
 	Fingerprint Fingerprint
 	State       State
-	// Response is set for completed records (and for failed ones when the
-	// failure was stored with a response).
+	// Response is set for completed records.
 	Response Response
 	// BodyOmitted reports whether the response body was too large to keep;
 	// BodyLen and BodyDigest still describe it.
@@ -137,8 +136,7 @@ var errCorrupt = errors.New("idem: corrupt record")
 // fail, so the errors are joined rather than checked one by one.
 func (r *Record) encode(dst []byte) ([]byte, error) {
 	body, codec := r.Response.Body, codecRaw
-	// Only what expand accepts: a whole body, kept inline.
-	if len(body) >= minCompressBytes && int64(len(body)) == r.BodyLen && r.chunks == 0 && !r.BodyOmitted {
+	if len(body) >= minCompressBytes && r.wholeInline(len(body)) {
 		if c := s2.Encode(nil, body); len(c) <= len(body)-len(body)/8 {
 			body, codec = c, codecS2
 		}
@@ -215,8 +213,9 @@ func decodeRecord(v []byte) (*Record, error) {
 	dec := d.dec
 	dec.Reset(&d.rd)
 
+	hasCodec := v[0] >= 2
 	fields := payloadFields
-	if v[0] == 1 {
+	if !hasCodec {
 		fields--
 	}
 	n, err := dec.DecodeArrayLen()
@@ -238,7 +237,7 @@ func decodeRecord(v []byte) (*Record, error) {
 	r.chunks = uint32(f.uint(1<<32 - 1))
 	r.BodyOmitted = f.bool()
 	codec := uint64(codecRaw)
-	if fields == payloadFields {
+	if hasCodec {
 		codec = f.uint(codecS2)
 	}
 	for i := fields; i < n && f.err == nil; i++ {
@@ -258,12 +257,17 @@ func decodeRecord(v []byte) (*Record, error) {
 	return r, nil
 }
 
-// expand decompresses the inline body c. Only a whole inline body is ever
-// compressed, so it must expand to exactly BodyLen bytes; the length is
-// checked before anything that long is allocated.
+// wholeInline reports whether a body of n bytes is the whole response body
+// of r, kept inline: the only kind encode compresses and expand accepts.
+func (r *Record) wholeInline(n int) bool {
+	return int64(n) == r.BodyLen && n <= maxInlineBodyBytes && r.chunks == 0 && !r.BodyOmitted
+}
+
+// expand decompresses the inline body c. The length it claims is checked
+// before anything that long is allocated.
 func (r *Record) expand(c []byte) ([]byte, error) {
 	n, err := s2.DecodedLen(c)
-	if err != nil || int64(n) != r.BodyLen || n > maxInlineBodyBytes || r.chunks > 0 || r.BodyOmitted {
+	if err != nil || !r.wholeInline(n) {
 		return nil, errCorrupt
 	}
 	body, err := s2.Decode(make([]byte, n), c)

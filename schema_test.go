@@ -69,6 +69,18 @@ func TestUpgradeFrom1LeavesOneSetPerPendingKey(t *testing.T) {
 	require.NoError(t, db.CheckConsistency())
 }
 
+// TestSchemaZeroIsCorrupt: no build ever wrote version 0, so it is damage,
+// not a store to upgrade.
+func TestSchemaZeroIsCorrupt(t *testing.T) {
+	fs := vfs.NewMem()
+	db, err := Open("db", &Options{FS: fs, SweepInterval: -1})
+	require.NoError(t, err)
+	require.NoError(t, db.pdb.Set(keys.Schema, binary.AppendUvarint(nil, 0), pebble.Sync))
+	require.NoError(t, db.Close())
+	_, err = Open("db", &Options{FS: fs, SweepInterval: -1})
+	require.ErrorIs(t, err, ErrCorrupt)
+}
+
 func TestNewerSchemaIsRefused(t *testing.T) {
 	fs := vfs.NewMem()
 	db, err := Open("db", &Options{FS: fs, SweepInterval: -1})
