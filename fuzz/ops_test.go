@@ -25,8 +25,8 @@ import (
 // a reopen. Whatever was acknowledged before a crash must answer the same
 // after it, and a lease from before it must be refused.
 func FuzzOps(f *testing.F) {
-	f.Add([]byte{0, 0, 3, 2, 0, 0, 1, 1, 9, 0})       // claim, complete, replay, mismatch, get
-	f.Add([]byte{0, 5, 2, 9, 7, 3, 2, 5, 8, 0, 2, 5}) // claim, conflict, lease runs out, pending, crash
+	f.Add([]byte{0, 0, 3, 24, 0, 0, 0, 3, 9, 0})            // claim, complete, replay, mismatch, get
+	f.Add([]byte{0, 5, 0, 5, 7, 3, 0, 5, 8, 1, 0, 5, 3, 5}) // claim, conflict, lease runs out, pending, crash, pending, stale lease
 	f.Add([]byte{1, 9, 3, 4, 8, 1, 7, 4, 0, 9, 5, 5, 6, 9, 8, 3})
 	f.Add([]byte{2, 0, 3, 6, 7, 2, 6, 0, 4, 4, 5, 7, 4, 8, 2, 1, 2})
 	f.Fuzz(func(t *testing.T, prog []byte) {
@@ -188,6 +188,7 @@ func (h *opsHarness) claim(k, fp int) {
 	case m == nil:
 		require.NoError(t, err, "claim of a free key %d", k)
 		require.NotNil(t, l)
+		require.Nil(t, rec)
 		h.nextID++
 		h.leases[k] = append(h.leases[k], opsLeaseEntry{lease: l, id: h.nextID, epoch: h.epoch})
 		h.model[k] = &modelRecord{fp: fp, state: idem.StateInProgress, leaseUntil: now.Add(opsLease), expiresAt: now.Add(opsTTL), owner: h.nextID}
@@ -195,8 +196,9 @@ func (h *opsHarness) claim(k, fp int) {
 		require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "key %d holds fingerprint %d, claimed with %d", k, m.fp, fp)
 	case m.state == idem.StateCompleted:
 		require.NoError(t, err, "replay of key %d", k)
+		require.Nil(t, l)
 		require.NotNil(t, rec)
-		h.checkResponse(k, m, rec)
+		h.checkRecord(k, m, rec)
 	case m.state == idem.StateInProgress && now.Before(m.leaseUntil):
 		require.ErrorIs(t, err, idem.ErrInProgress, "key %d is held", k)
 	default:
@@ -215,7 +217,7 @@ func (h *opsHarness) end(k, arg int, what string, call func(*idem.Lease) error, 
 	}
 	e := ls[len(ls)-1]
 	if arg/opsKeys/20%2 == 1 {
-		e = ls[arg%len(ls)]
+		e = ls[arg/opsKeys%len(ls)]
 	}
 	m := h.live(k)
 	err := call(e.lease)
@@ -239,20 +241,29 @@ func (h *opsHarness) get(k int) {
 		return
 	}
 	require.NoError(h.t, err, "key %d", k)
-	require.Equal(h.t, m.state, rec.State, "key %d", k)
-	require.Equal(h.t, fingerprint(m.fp), rec.Fingerprint, "key %d", k)
-	require.True(h.t, m.leaseUntil.Equal(rec.LeaseUntil), "key %d lease until %s, stored %s", k, m.leaseUntil, rec.LeaseUntil)
-	if m.state == idem.StateCompleted {
-		h.checkResponse(k, m, rec)
-	}
+	h.checkRecord(k, m, rec)
 }
 
-func (h *opsHarness) checkResponse(k int, m *modelRecord, rec *idem.Record) {
-	require.Equal(h.t, m.status, rec.Response.Status, "key %d", k)
-	require.Equal(h.t, m.omitted, rec.BodyOmitted, "key %d", k)
-	require.Equal(h.t, int64(len(m.body)), rec.BodyLen, "key %d", k)
-	if !m.omitted && !bytes.Equal(m.body, rec.Response.Body) {
-		h.t.Fatalf("key %d replayed a body of %d bytes, stored %d", k, len(rec.Response.Body), len(m.body))
+// checkRecord compares a record the store returned with the model's.
+func (h *opsHarness) checkRecord(k int, m *modelRecord, rec *idem.Record) {
+	t := h.t
+	require.Equal(t, m.state, rec.State, "key %d", k)
+	require.Equal(t, fingerprint(m.fp), rec.Fingerprint, "key %d", k)
+	require.True(t, m.leaseUntil.Equal(rec.LeaseUntil), "key %d lease until %s, stored %s", k, m.leaseUntil, rec.LeaseUntil)
+	require.True(t, m.expiresAt.Equal(rec.ExpiresAt), "key %d expires at %s, stored %s", k, m.expiresAt, rec.ExpiresAt)
+	if m.state != idem.StateCompleted {
+		return
+	}
+	require.Equal(t, m.status, rec.Response.Status, "key %d", k)
+	require.Equal(t, m.omitted, rec.BodyOmitted, "key %d", k)
+	require.Equal(t, int64(len(m.body)), rec.BodyLen, "key %d", k)
+	require.Equal(t, sha256.Sum256(m.body), rec.BodyDigest, "key %d", k)
+	want := m.body
+	if m.omitted {
+		want = nil
+	}
+	if !bytes.Equal(want, rec.Response.Body) {
+		t.Fatalf("key %d answered a body of %d bytes, stored %d", k, len(rec.Response.Body), len(want))
 	}
 }
 
