@@ -169,6 +169,26 @@ func TestFilterGrowsWithTheStoreWhileWritesGoOn(t *testing.T) {
 	}
 }
 
+// TestFilterBornFull: the filter that replaces a full one is born about
+// half full and lasts until it fills; one built on a store larger than
+// the count it was sized from, or filled by writes during its build, is
+// replaced at once.
+func TestFilterBornFull(t *testing.T) {
+	old := newKeyFilter(1 << 17)
+	old.added.Store(old.capacity) // the build that filled it starts now
+	grown := newKeyFilter(filterCapacity(old, minFilterKeys))
+	grown.added.Store(old.capacity + old.capacity/20) // and writes went on meanwhile
+	assert.False(t, grown.bornFull(), "a filter that replaced a full one is built again at once")
+
+	busy := newKeyFilter(filterCapacity(old, minFilterKeys))
+	busy.added.Store(old.capacity * 2) // writes during its build filled it
+	assert.True(t, busy.bornFull())
+
+	first := newKeyFilter(filterCapacity(nil, minFilterKeys))
+	first.added.Store(8 * minFilterKeys) // Open on a store eight times the minimum
+	assert.True(t, first.bornFull())
+}
+
 // TestFilterCapacity: a filter is replaced by one sized for twice the keys
 // it holds, counting those written since its build, so that a filter the
 // writes filled is outgrown in one build.
