@@ -20,13 +20,15 @@ import (
 // FuzzOps runs a program of store operations, each chosen by the fuzzer's
 // bytes, and checks every answer against a model of the contract: claims,
 // replays, conflicts, mismatches and pending outcomes, every way a lease
-// ends, a clock that moves across lease ends and expiries, sweeps, and
-// crashes of the filesystem (Pebble's crashable in-memory one) followed by
-// a reopen. Whatever was acknowledged before a crash must answer the same
-// after it, and a lease from before it must be refused.
+// ends, operators' takeovers, a clock that moves across lease ends and
+// expiries, sweeps, and crashes of the filesystem (Pebble's crashable
+// in-memory one) followed by a reopen. Whatever was acknowledged before a
+// crash must answer the same after it, and a lease from before it must be
+// refused.
 func FuzzOps(f *testing.F) {
-	f.Add([]byte{0, 0, 3, 24, 0, 0, 0, 3, 9, 0})            // claim, complete, replay, mismatch, get
-	f.Add([]byte{0, 5, 0, 5, 7, 3, 0, 5, 8, 1, 0, 5, 3, 5}) // claim, conflict, lease runs out, pending, crash, pending, stale lease
+	f.Add([]byte{0, 0, 3, 24, 0, 0, 0, 3, 9, 0})               // claim, complete, replay, mismatch, get
+	f.Add([]byte{0, 5, 0, 5, 7, 3, 0, 5, 8, 1, 0, 5, 3, 5})    // claim, conflict, lease runs out, pending, crash, pending, stale lease
+	f.Add([]byte{0, 0, 10, 0, 5, 0, 10, 0, 3, 60, 3, 0, 0, 0}) // claim, takeover refused, unknown, takeover, old lease lost, complete, replay
 	f.Add([]byte{1, 9, 3, 4, 8, 1, 7, 4, 0, 9, 5, 5, 6, 9, 8, 3})
 	f.Add([]byte{2, 0, 3, 6, 7, 2, 6, 0, 4, 4, 5, 7, 4, 8, 2, 1, 2})
 	f.Fuzz(func(t *testing.T, prog []byte) {
@@ -36,7 +38,7 @@ func FuzzOps(f *testing.F) {
 		next := func() int { b, _ := in.ReadByte(); return int(b) }
 		for step := 0; in.Len() > 0 && step < 200; step++ {
 			op, arg := next(), next()
-			h.step(op%10, arg)
+			h.step(op%11, arg)
 		}
 	})
 }
@@ -176,6 +178,8 @@ func (h *opsHarness) step(op, arg int) {
 		}
 	case 9:
 		h.get(k)
+	case 10:
+		h.takeOver(k)
 	}
 }
 
@@ -203,6 +207,29 @@ func (h *opsHarness) claim(k, fp int) {
 		require.ErrorIs(t, err, idem.ErrInProgress, "key %d is held", k)
 	default:
 		require.ErrorIs(t, err, idem.ErrOutcomePending, "key %d is %s", k, m.state)
+	}
+}
+
+// takeOver checks an operator's takeover of k against the model: only a
+// record whose outcome is unsettled and that nobody may still be working
+// on gets a new lease, which the earlier ones lose.
+func (h *opsHarness) takeOver(k int) {
+	t, now := h.t, h.clock.Now()
+	l, err := h.db.TakeOver(h.ctx, h.scope(k))
+	m := h.live(k)
+	switch {
+	case m == nil:
+		require.ErrorIs(t, err, idem.ErrNotFound, "takeover of a free key %d", k)
+	case m.state == idem.StateCompleted:
+		require.ErrorIs(t, err, idem.ErrCompleted, "takeover of completed key %d", k)
+	case m.state == idem.StateInProgress && now.Before(m.leaseUntil):
+		require.ErrorIs(t, err, idem.ErrInProgress, "takeover of held key %d", k)
+	default:
+		require.NoError(t, err, "takeover of key %d, %s", k, m.state)
+		require.NotNil(t, l)
+		h.nextID++
+		h.leases[k] = append(h.leases[k], opsLeaseEntry{lease: l, id: h.nextID, epoch: h.epoch})
+		m.state, m.leaseUntil, m.owner = idem.StateInProgress, now.Add(opsLease), h.nextID
 	}
 }
 
