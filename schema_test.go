@@ -16,12 +16,18 @@ import (
 	"github.com/idemkv/idem/internal/keys"
 )
 
-func storedSchema(t *testing.T, db *DB) uint64 {
+// storedValue returns a copy of the value stored under k.
+func storedValue(t *testing.T, db *DB, k []byte) []byte {
 	t.Helper()
-	v, closer, err := db.pdb.Get(keys.Schema)
+	v, closer, err := db.pdb.Get(k)
 	require.NoError(t, err)
 	defer closer.Close()
-	got, _ := binary.Uvarint(v)
+	return bytes.Clone(v)
+}
+
+func storedSchema(t *testing.T, db *DB) uint64 {
+	t.Helper()
+	got, _ := binary.Uvarint(storedValue(t, db, keys.Schema))
 	return got
 }
 
@@ -69,26 +75,29 @@ func TestUpgradeFrom1LeavesOneSetPerPendingKey(t *testing.T) {
 	require.NoError(t, db.CheckConsistency())
 }
 
+// reopenWithSchema opens a fresh store, records schema version v in it,
+// and returns what opening it again says.
+func reopenWithSchema(t *testing.T, v uint64) error {
+	fs := vfs.NewMem()
+	db, err := Open("db", &Options{FS: fs, SweepInterval: -1})
+	require.NoError(t, err)
+	require.NoError(t, db.pdb.Set(keys.Schema, binary.AppendUvarint(nil, v), pebble.Sync))
+	require.NoError(t, db.Close())
+	db, err = Open("db", &Options{FS: fs, SweepInterval: -1})
+	if err == nil {
+		db.Close()
+	}
+	return err
+}
+
 // TestSchemaZeroIsCorrupt: no build ever wrote version 0, so it is damage,
 // not a store to upgrade.
 func TestSchemaZeroIsCorrupt(t *testing.T) {
-	fs := vfs.NewMem()
-	db, err := Open("db", &Options{FS: fs, SweepInterval: -1})
-	require.NoError(t, err)
-	require.NoError(t, db.pdb.Set(keys.Schema, binary.AppendUvarint(nil, 0), pebble.Sync))
-	require.NoError(t, db.Close())
-	_, err = Open("db", &Options{FS: fs, SweepInterval: -1})
-	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorIs(t, reopenWithSchema(t, 0), ErrCorrupt)
 }
 
 func TestNewerSchemaIsRefused(t *testing.T) {
-	fs := vfs.NewMem()
-	db, err := Open("db", &Options{FS: fs, SweepInterval: -1})
-	require.NoError(t, err)
-	require.NoError(t, db.pdb.Set(keys.Schema, binary.AppendUvarint(nil, schemaVersion+1), pebble.Sync))
-	require.NoError(t, db.Close())
-	_, err = Open("db", &Options{FS: fs, SweepInterval: -1})
-	require.ErrorContains(t, err, fmt.Sprintf("schema version %d", schemaVersion+1))
+	require.ErrorContains(t, reopenWithSchema(t, schemaVersion+1), fmt.Sprintf("schema version %d", schemaVersion+1))
 }
 
 // TestUpgradeFrom2ReadsItsRecords: a version 2 store holds records of
@@ -112,17 +121,11 @@ func TestUpgradeFrom2ReadsItsRecords(t *testing.T) {
 		require.NotNil(t, got, "%s was not replayed", s.Key)
 		assert.Equal(t, body, got.Response.Body)
 	}
-	stored := func(db *DB, s Scope) []byte {
-		v, closer, err := db.pdb.Get(s.recordKey())
-		require.NoError(t, err)
-		defer closer.Close()
-		return append([]byte(nil), v...)
-	}
 
 	db, err := Open("db", &Options{FS: fs, SweepInterval: -1})
 	require.NoError(t, err)
 	complete(db, oldKey, oldBody)
-	v1 := asFormat1(t, stored(db, oldKey))
+	v1 := asFormat1(t, storedValue(t, db, oldKey.recordKey()))
 	require.NoError(t, db.pdb.Set(oldKey.recordKey(), v1, pebble.Sync))
 	require.NoError(t, db.pdb.Set(keys.Schema, binary.AppendUvarint(nil, 2), pebble.Sync))
 	require.NoError(t, db.Close())
@@ -131,11 +134,11 @@ func TestUpgradeFrom2ReadsItsRecords(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	assert.Equal(t, uint64(schemaVersion), storedSchema(t, db))
-	require.Equal(t, v1, stored(db, oldKey), "the upgrade rewrote the old record")
+	require.Equal(t, v1, storedValue(t, db, oldKey.recordKey()), "the upgrade rewrote the old record")
 	replay(db, oldKey, oldBody)
 
 	complete(db, newKey, newBody)
-	assert.Less(t, len(stored(db, newKey)), len(newBody), "the new record's body is not compressed")
+	assert.Less(t, len(storedValue(t, db, newKey.recordKey())), len(newBody), "the new record's body is not compressed")
 	replay(db, newKey, newBody)
 	require.NoError(t, db.CheckConsistency())
 }
