@@ -40,7 +40,7 @@ func openIdemHTTP(e env) (system, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := newHandler(db, e.body)
+	h, err := newHandler(db, e.bodies)
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -64,8 +64,9 @@ func openIdemHTTP(e env) (system, error) {
 }
 
 // newHandler is the server's handler: the middleware, its tenant from
-// tenantHeader, in front of a handler that answers 201 with body.
-func newHandler(db *idem.DB, body []byte) (http.Handler, error) {
+// tenantHeader, in front of a handler that answers 201 with the body of
+// the request's key.
+func newHandler(db *idem.DB, bodies bodies) (http.Handler, error) {
 	mw, err := idemhttp.New(idemhttp.Options{
 		Store:  db,
 		Tenant: func(r *http.Request) (string, error) { return r.Header.Get(tenantHeader), nil },
@@ -78,7 +79,7 @@ func newHandler(db *idem.DB, body []byte) (http.Handler, error) {
 	mux.Handle("POST /v1/payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
-		w.Write(body)
+		w.Write(bodies.of(r.Header.Get("Idempotency-Key")))
 	})))
 	return mux, nil
 }

@@ -57,7 +57,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	cfg.duration, cfg.body, cfg.rounds = *duration, responseBody(*bodySize), *rounds
+	cfg.duration, cfg.bodies, cfg.rounds = *duration, newBodies(*bodySize), *rounds
 	res, err := run(context.Background(), cfg, *dataDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -98,7 +98,7 @@ type config struct {
 	concs     []int
 	systems   []string
 	duration  time.Duration
-	body      []byte
+	bodies    bodies
 	pgDSN     string
 	redisAddr string
 	rounds    int // runs of each cell
@@ -173,7 +173,7 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 	done := map[string]*opLog{}
 	for _, name := range cfg.systems {
 		s, err := openers[name](env{
-			dir: filepath.Join(root, name), maxConc: cfg.maxConc(), body: cfg.body,
+			dir: filepath.Join(root, name), maxConc: cfg.maxConc(), bodies: cfg.bodies,
 			pgDSN: cfg.pgDSN, redisAddr: cfg.redisAddr,
 		})
 		if err != nil {
@@ -227,7 +227,7 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 		s.syncsPerOp() // start counting here
 		r, err := measure(ctx, c.conc, cfg.duration, func(rng *rand.Rand) error {
 			o := newOp(rng.IntN(100))
-			if err := s.claimComplete(ctx, o, cfg.body); err != nil {
+			if err := s.claimComplete(ctx, o, cfg.bodies.of(o.key)); err != nil {
 				return err
 			}
 			log.add(o)
@@ -251,8 +251,8 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 		}
 		return measure(ctx, c.conc, cfg.duration, func(rng *rand.Rand) error {
 			body, err := s.replay(ctx, ops[rng.IntN(len(ops))])
-			if err == nil && len(body) != len(cfg.body) {
-				err = fmt.Errorf("replayed %d bytes, stored %d", len(body), len(cfg.body))
+			if err == nil && len(body) != cfg.bodies.n {
+				err = fmt.Errorf("replayed %d bytes, stored %d", len(body), cfg.bodies.n)
 			}
 			return err
 		})

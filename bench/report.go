@@ -105,7 +105,7 @@ func markdown(res results) string {
 		}
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, "\n%s per cell, %d-byte bodies, GOMAXPROCS=%d.", res.cfg.duration, len(res.cfg.body), runtimeProcs())
+	fmt.Fprintf(&b, "\n%s per cell, %d-byte bodies, GOMAXPROCS=%d.", res.cfg.duration, res.cfg.bodies.n, runtimeProcs())
 	if rounds {
 		fmt.Fprintf(&b, " Each cell ran %d times, interleaved with the others; its row is the median run, and runs gives the slowest and fastest.", res.cfg.rounds)
 	}

@@ -51,7 +51,7 @@ type system interface {
 type env struct {
 	dir       string // the system's own directory, to create
 	maxConc   int    // the highest concurrency it will see: pools are sized to it
-	body      []byte // the response body a server answers with
+	bodies    bodies // the response bodies a server answers with
 	pgDSN     string // -pg
 	redisAddr string // -redis
 }
