@@ -2,12 +2,15 @@ package idem
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
 	"math/rand/v2"
 	"net/http"
 	"runtime"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/klauspost/compress/s2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -86,6 +89,22 @@ func TestBodyCompression(t *testing.T) {
 			assert.Equal(t, tc.body, got.Response.Body)
 		})
 	}
+}
+
+// TestTablesAreNotCompressed: bodies are compressed in the record, so
+// Pebble's tables are written as they are (see Open).
+func TestTablesAreNotCompressed(t *testing.T) {
+	ctx := context.Background()
+	db := openFilterTest(t, vfs.NewMem())
+	for i := range 20 {
+		l, _, err := db.Claim(ctx, filterScope(i), sha256.Sum256([]byte{byte(i)}))
+		require.NoError(t, err)
+		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: bytes.Repeat([]byte(`{"amount":4200},`), 64)}))
+	}
+	require.NoError(t, db.pdb.Flush())
+	m := db.pdb.Metrics()
+	assert.Positive(t, m.Table.CompressedCountNone, "no table was written uncompressed")
+	assert.Zero(t, m.Table.CompressedCountSnappy+m.Table.CompressedCountZstd+m.Table.CompressedCountMinLZ)
 }
 
 // TestDecodeRejectsBadCompressedBodies: a compressed body must expand to
