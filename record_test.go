@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"runtime"
@@ -91,20 +92,31 @@ func TestBodyCompression(t *testing.T) {
 	}
 }
 
-// TestTablesAreNotCompressed: bodies are compressed in the record, so
-// Pebble's tables are written as they are (see Open).
-func TestTablesAreNotCompressed(t *testing.T) {
+// TestChunkedBodiesAreCompressedOnDisk: bodies too large to live in the
+// record are stored in chunks as they came, and Pebble's tables compress
+// them (see Open).
+func TestChunkedBodiesAreCompressedOnDisk(t *testing.T) {
 	ctx := context.Background()
 	db := openFilterTest(t, vfs.NewMem())
-	for i := range 20 {
+	var raw int64
+	for i := range 8 {
+		body := bytes.Repeat(fmt.Appendf(nil, `{"id":"li_%d","amount":4200},`, i), 8<<10)
+		raw += int64(len(body))
 		l, _, err := db.Claim(ctx, filterScope(i), sha256.Sum256([]byte{byte(i)}))
 		require.NoError(t, err)
-		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: bytes.Repeat([]byte(`{"amount":4200},`), 64)}))
+		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: body}))
+		require.Positive(t, l.Record().chunks, "the body was not chunked")
 	}
-	require.NoError(t, db.pdb.Flush())
-	m := db.pdb.Metrics()
-	assert.Positive(t, m.Table.CompressedCountNone, "no table was written uncompressed")
-	assert.Zero(t, m.Table.CompressedCountSnappy+m.Table.CompressedCountZstd+m.Table.CompressedCountMinLZ)
+	require.NoError(t, db.FlushMemtable())
+	levels, err := db.pdb.SSTables()
+	require.NoError(t, err)
+	var stored int64
+	for _, tables := range levels {
+		for _, tbl := range tables {
+			stored += int64(tbl.Size)
+		}
+	}
+	assert.Less(t, stored, raw/4, "tables hold %d bytes for %d bytes of bodies", stored, raw)
 }
 
 // TestDecodeRejectsBadCompressedBodies: a compressed body must expand to
