@@ -16,6 +16,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -47,6 +48,9 @@ func main() {
 	cfg, err := parseConfig(*concList, *systemList)
 	if err == nil && *rounds < 1 {
 		err = fmt.Errorf("bad -rounds %d: at least 1", *rounds)
+	}
+	if err == nil && *bodySize < 0 {
+		err = fmt.Errorf("bad -body %d: not negative", *bodySize)
 	}
 	if err == nil {
 		cfg.pgDSN, cfg.redisAddr = *pgDSN, *redisAddr
@@ -250,9 +254,10 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 			ops = ops[max(0, len(ops)-recentKeys):]
 		}
 		return measure(ctx, c.conc, cfg.duration, func(rng *rand.Rand) error {
-			body, err := s.replay(ctx, ops[rng.IntN(len(ops))])
-			if err == nil && len(body) != cfg.bodies.n {
-				err = fmt.Errorf("replayed %d bytes, stored %d", len(body), cfg.bodies.n)
+			o := ops[rng.IntN(len(ops))]
+			body, err := s.replay(ctx, o)
+			if err == nil && !bytes.Equal(body, cfg.bodies.of(o.key)) {
+				err = fmt.Errorf("replayed %d bytes that are not the %d stored", len(body), cfg.bodies.n)
 			}
 			return err
 		})
