@@ -103,6 +103,17 @@ type DB struct {
 	closeErr  error
 }
 
+// memTableBytes is the size of Pebble's memtable. Pebble counts its
+// memtables against the block cache: the one being filled, and the one
+// being flushed or kept for reuse. So the cache gets memTableShare on top
+// of Options.CacheBytes: a cache of CacheBytes alone, when that is no
+// larger than the memtables, has no room for a single block, and every
+// read of a table goes to the file system and decompresses its block.
+const (
+	memTableBytes = 64 << 20
+	memTableShare = 2 * memTableBytes
+)
+
 // Open opens the store in dir, creating it if needed. A nil opts selects the
 // defaults. Open fails with ErrLocked if another DB, in this process or
 // another, has dir open, and with ErrInvalidOptions listing every bad field.
@@ -130,8 +141,8 @@ func Open(dir string, opts *Options) (*DB, error) {
 		FS:                 wal,
 		Lock:               lock,
 		Logger:             pebbleLogger{o.Logger},
-		CacheSize:          o.CacheBytes,
-		MemTableSize:       64 << 20,
+		CacheSize:          o.CacheBytes + memTableShare,
+		MemTableSize:       memTableBytes,
 		FormatMajorVersion: pebble.FormatNewest,
 	}
 	// Most claims look up keys that do not exist yet; without filters each

@@ -70,7 +70,9 @@ type Options struct {
 	// the disk. Default: 64 MiB.
 	CompactBytes int64
 
-	// CacheBytes is the size of Pebble's block cache. Default: 64 MiB.
+	// CacheBytes is the size of Pebble's block cache: memory for reading
+	// records back. Pebble's memtables (two of 64 MiB) come on top of it.
+	// Default: 64 MiB.
 	CacheBytes int64
 
 	// Now is the clock. Tests pass a fake one. Default: time.Now.

@@ -119,6 +119,29 @@ func TestChunkedBodiesAreCompressedOnDisk(t *testing.T) {
 	assert.Less(t, stored, raw/4, "tables hold %d bytes for %d bytes of bodies", stored, raw)
 }
 
+// TestBlockCacheKeepsBlocks: a record read back from a table is cached,
+// even when the cache is no larger than what the memtables take of it
+// (see Open): 256 KiB is the size of Pebble's first memtable.
+func TestBlockCacheKeepsBlocks(t *testing.T) {
+	ctx := context.Background()
+	db, err := Open("db", &Options{FS: vfs.NewMem(), SweepInterval: -1, CacheBytes: 256 << 10})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	for i := range 50 {
+		l, _, err := db.Claim(ctx, filterScope(i), sha256.Sum256([]byte{byte(i)}))
+		require.NoError(t, err)
+		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: []byte(`{"ok":true}`)}))
+	}
+	require.NoError(t, db.FlushMemtable())
+	for range 3 {
+		_, err := db.Get(ctx, filterScope(7))
+		require.NoError(t, err)
+	}
+	m := db.pdb.Metrics()
+	assert.Positive(t, m.BlockCache.Hits, "no read was served from the cache")
+	assert.Positive(t, m.BlockCache.Size, "the cache holds nothing")
+}
+
 // TestDecodeRejectsBadCompressedBodies: a compressed body must expand to
 // exactly BodyLen bytes, only a whole inline body is ever compressed, and
 // an unknown codec is damage.

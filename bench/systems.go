@@ -130,7 +130,9 @@ type pebbleSystem struct {
 func openPebble(e env, tuned bool) (system, error) {
 	opts := &pebble.Options{Logger: quietLogger{}, FormatMajorVersion: pebble.FormatNewest}
 	if tuned {
-		opts.CacheSize, opts.MemTableSize = 64<<20, 64<<20
+		// As idem: a 64 MiB block cache on top of the share Pebble takes
+		// of it for two 64 MiB memtables.
+		opts.CacheSize, opts.MemTableSize = 3*64<<20, 64<<20
 		opts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	db, err := pebble.Open(e.dir, opts)
