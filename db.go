@@ -109,6 +109,9 @@ type DB struct {
 // of Options.CacheBytes: a cache of CacheBytes alone, when that is no
 // larger than the memtables, has no room for a single block, and every
 // read of a table goes to the file system and decompresses its block.
+// The cache still shrinks for a while when an iterator open across a
+// flush (a key-filter build, a sweep) holds a third memtable, or when a
+// batch of over 32 MiB (bodies that large) is held whole.
 const (
 	memTableBytes = 64 << 20
 	memTableShare = 2 * memTableBytes

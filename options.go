@@ -71,8 +71,8 @@ type Options struct {
 	CompactBytes int64
 
 	// CacheBytes is the size of Pebble's block cache: memory for reading
-	// records back. Pebble's memtables (two of 64 MiB) come on top of it.
-	// Default: 64 MiB.
+	// records back. Pebble's memtables, up to two of 64 MiB, come on top
+	// of it. At most 1 TiB. Default: 64 MiB.
 	CacheBytes int64
 
 	// Now is the clock. Tests pass a fake one. Default: time.Now.
@@ -168,8 +168,8 @@ func (o *Options) withDefaults() (Options, error) {
 	if c.CompactBytes < 0 {
 		bad("CompactBytes %d must not be negative", c.CompactBytes)
 	}
-	if c.CacheBytes < 0 {
-		bad("CacheBytes %d must not be negative", c.CacheBytes)
+	if c.CacheBytes < 0 || c.CacheBytes > 1<<40 {
+		bad("CacheBytes %d must be between 0 and 1 TiB", c.CacheBytes)
 	}
 	return c, errors.Join(errs...)
 }

@@ -21,6 +21,8 @@ func TestBodies(t *testing.T) {
 	assert.Len(t, seen, len(b.v), "variants repeat")
 	assert.Equal(t, responseBody(1024, 7), b.v[7], "a variant is not reproducible")
 
+	key := uuid.NewString()
+	assert.Equal(t, b.of(key), b.of(key), "one key picks two bodies: replays would not match")
 	picked := map[string]bool{}
 	for range 200 {
 		picked[string(b.of(uuid.NewString()))] = true

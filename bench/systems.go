@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/google/uuid"
 
 	"github.com/idemkv/idem"
@@ -131,8 +132,9 @@ func openPebble(e env, tuned bool) (system, error) {
 	opts := &pebble.Options{Logger: quietLogger{}, FormatMajorVersion: pebble.FormatNewest}
 	if tuned {
 		// As idem: a 64 MiB block cache on top of the share Pebble takes
-		// of it for two 64 MiB memtables.
+		// of it for two 64 MiB memtables, and the fastest compression.
 		opts.CacheSize, opts.MemTableSize = 3*64<<20, 64<<20
+		opts.Levels[0].Compression = func() *sstable.CompressionProfile { return sstable.FastestCompression }
 		opts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	db, err := pebble.Open(e.dir, opts)
