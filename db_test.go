@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -448,6 +449,7 @@ func TestOptionsValidation(t *testing.T) {
 		{"inline above max", idem.Options{InlineBodyBytes: 2 << 20, MaxBodyBytes: 1 << 20}, []string{"MaxBodyBytes"}},
 		{"inline too large", idem.Options{InlineBodyBytes: 32 << 20}, []string{"InlineBodyBytes"}},
 		{"max body too large", idem.Options{MaxBodyBytes: 2 << 30}, []string{"MaxBodyBytes"}},
+		{"cache too large", idem.Options{CacheBytes: math.MaxInt64}, []string{"CacheBytes"}},
 		{"everything reported at once", idem.Options{TTL: -1, Lease: -1, CompactBytes: -1, CacheBytes: -1},
 			[]string{"TTL", "Lease", "CompactBytes", "CacheBytes"}},
 	}
