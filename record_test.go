@@ -108,14 +108,7 @@ func TestChunkedBodiesAreCompressedOnDisk(t *testing.T) {
 		require.Positive(t, l.Record().chunks, "the body was not chunked")
 	}
 	require.NoError(t, db.FlushMemtable())
-	levels, err := db.pdb.SSTables()
-	require.NoError(t, err)
-	var stored int64
-	for _, tables := range levels {
-		for _, tbl := range tables {
-			stored += int64(tbl.Size)
-		}
-	}
+	stored := db.pdb.Metrics().Total().TablesSize
 	assert.Less(t, stored, raw/4, "tables hold %d bytes for %d bytes of bodies", stored, raw)
 }
 
@@ -127,14 +120,10 @@ func TestBlockCacheKeepsBlocks(t *testing.T) {
 	db, err := Open("db", &Options{FS: vfs.NewMem(), SweepInterval: -1, CacheBytes: 256 << 10})
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
-	for i := range 50 {
-		l, _, err := db.Claim(ctx, filterScope(i), sha256.Sum256([]byte{byte(i)}))
-		require.NoError(t, err)
-		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: []byte(`{"ok":true}`)}))
-	}
+	storeRecords(t, db, 0, 50)
 	require.NoError(t, db.FlushMemtable())
 	for range 3 {
-		_, err := db.Get(ctx, filterScope(7))
+		_, err := db.Get(ctx, filterScope(8))
 		require.NoError(t, err)
 	}
 	m := db.pdb.Metrics()
