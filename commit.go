@@ -78,6 +78,9 @@ func (c *committer) commit(fill func(b *pebble.Batch) error) error {
 	}
 	g.n++
 	lead := g.n == 1
+	if g.b.Len() >= maxGroupBytes {
+		c.open = c.newGroup() // closed to newcomers
+	}
 	c.mu.Unlock()
 	c.commits.Add(1)
 	if !lead {
@@ -88,7 +91,9 @@ func (c *committer) commit(fill func(b *pebble.Batch) error) error {
 	c.flushing <- struct{}{}
 	c.gather(g)
 	c.mu.Lock()
-	c.open = c.newGroup()
+	if c.open == g {
+		c.open = c.newGroup()
+	}
 	c.last = g.n
 	c.mu.Unlock()
 	if g.n >= yieldGroup {
@@ -103,6 +108,15 @@ func (c *committer) commit(fill func(b *pebble.Batch) error) error {
 	return g.err
 }
 
+// maxGroupBytes closes a group to newcomers once its batch holds this much.
+// Completions with bodies in chunks can be megabytes each, and without a
+// bound one group could gather dozens of them. Pebble turns a batch of half
+// a memtable or more into a memtable of its own, rotating the live one for
+// it, and a batch that reaches 4 GiB makes Pebble panic. A group therefore
+// holds at most this much plus one caller's writes, and the sync of 16 MiB
+// costs so much more than its fixed part that nothing is lost by splitting.
+const maxGroupBytes = 16 << 20
+
 // gatherRounds bounds how many times a leader yields before committing.
 const gatherRounds = 8
 
@@ -116,9 +130,9 @@ const gatherRounds = 8
 // more operations per second.
 func (c *committer) gather(g *group) {
 	c.mu.Lock()
-	n, last := g.n, c.last
+	n, last, full := g.n, c.last, c.open != g
 	c.mu.Unlock()
-	if last <= 1 {
+	if last <= 1 || full {
 		return
 	}
 	for range gatherRounds {
