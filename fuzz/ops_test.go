@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -20,17 +22,20 @@ import (
 // FuzzOps runs a program of store operations, each chosen by the fuzzer's
 // bytes, and checks every answer against a model of the contract: claims,
 // replays, conflicts, mismatches and pending outcomes, every way a lease
-// ends, operators' takeovers, a clock that moves across lease ends and
-// expiries, sweeps, and crashes of the filesystem (Pebble's crashable
-// in-memory one) followed by a reopen. Whatever was acknowledged before a
-// crash must answer the same after it, and a lease from before it must be
-// refused.
+// ends, operators' takeovers, reconciliation passes whose reconciler
+// resolves, leaves or fails each overdue record, a clock that moves across
+// lease ends and expiries, sweeps, the metrics, and crashes of the
+// filesystem (Pebble's crashable in-memory one) followed by a reopen.
+// Whatever was acknowledged before a crash must answer the same after it,
+// and a lease from before it must be refused.
 func FuzzOps(f *testing.F) {
 	f.Add([]byte{0, 0, 3, 24, 0, 0, 0, 3, 9, 0})               // claim, complete, replay, mismatch, get
 	f.Add([]byte{0, 5, 0, 5, 7, 3, 0, 5, 8, 1, 0, 5, 3, 5})    // claim, conflict, lease runs out, pending, crash, pending, stale lease
 	f.Add([]byte{0, 0, 10, 0, 5, 0, 10, 0, 3, 60, 3, 0, 0, 0}) // claim, takeover refused, unknown, takeover, old lease lost, complete, replay
 	f.Add([]byte{1, 9, 3, 4, 8, 1, 7, 4, 0, 9, 5, 5, 6, 9, 8, 3})
 	f.Add([]byte{2, 0, 3, 6, 7, 2, 6, 0, 4, 4, 5, 7, 4, 8, 2, 1, 2})
+	f.Add([]byte{0, 0, 0, 1, 0, 2, 7, 3, 11, 55, 12, 0, 3, 0, 12, 0, 9, 0})             // three overdue claims reconciled three ways, metrics, complete with the kept lease, metrics, get
+	f.Add([]byte{0, 0, 1, 0, 7, 3, 11, 4, 9, 0, 7, 3, 11, 0, 12, 0, 7, 4, 8, 0, 12, 0}) // claim, conflict, the reconciler fails, get, it completes, metrics, expiry, sweep, metrics
 	f.Fuzz(func(t *testing.T, prog []byte) {
 		h := newOpsHarness(t)
 		defer h.close()
@@ -38,7 +43,7 @@ func FuzzOps(f *testing.F) {
 		next := func() int { b, _ := in.ReadByte(); return int(b) }
 		for step := 0; in.Len() > 0 && step < 200; step++ {
 			op, arg := next(), next()
-			h.step(op%11, arg)
+			h.step(op%13, arg)
 		}
 	})
 }
@@ -79,6 +84,7 @@ type modelRecord struct {
 	body       []byte
 	omitted    bool
 	owner      int // the lease that may still change it
+	createdAt  time.Time
 }
 
 // opsLeaseEntry is a lease the harness was granted, kept so that it can be
@@ -100,6 +106,9 @@ type opsHarness struct {
 	model   [opsKeys]*modelRecord
 	nextID  int
 	crashes uint64
+	counts  idem.Metrics // the event counts the store should report since it opened
+	// decide is the reconciler's choice for each key during a pass.
+	decide func(k int) int
 }
 
 func newOpsHarness(t *testing.T) *opsHarness {
@@ -112,11 +121,12 @@ func (h *opsHarness) open() {
 	db, err := idem.Open("db", &idem.Options{
 		FS: h.fs, SweepInterval: -1, Lease: opsLease, TTL: opsTTL,
 		InlineBodyBytes: opsInlineBody, MaxBodyBytes: opsMaxBody,
-		Now: h.clock.Now,
+		Now: h.clock.Now, Reconcile: h.reconcileOne, Logger: slog.New(slog.DiscardHandler),
 	})
 	require.NoError(h.t, err)
 	h.db = db
 	h.epoch++
+	h.counts = idem.Metrics{}
 }
 
 func (h *opsHarness) close() { require.NoError(h.t, h.db.Close()) }
@@ -147,20 +157,17 @@ func (h *opsHarness) step(op, arg int) {
 		body := opsBodies[arg/opsKeys/4%len(opsBodies)]
 		h.end(k, arg, "complete", func(l *idem.Lease) error {
 			return l.Complete(h.ctx, idem.Response{Status: status, Body: body})
-		}, func(m *modelRecord) {
-			m.state, m.leaseUntil, m.status = idem.StateCompleted, h.clock.Now(), status
-			m.body, m.omitted = body, len(body) > opsMaxBody
-		})
+		}, func(m *modelRecord) { h.completed(m, status, body) })
 	case 4:
 		h.end(k, arg, "release", func(l *idem.Lease) error { return l.Release(h.ctx) },
-			func(*modelRecord) { h.model[k] = nil })
+			func(*modelRecord) { h.released(k) })
 	case 5:
 		state, end := idem.StateUnknown, (*idem.Lease).MarkUnknown
 		if arg/opsKeys%2 == 1 {
 			state, end = idem.StateFailed, (*idem.Lease).MarkFailed
 		}
 		h.end(k, arg, state.String(), func(l *idem.Lease) error { return end(l, h.ctx) },
-			func(m *modelRecord) { m.state, m.leaseUntil = state, h.clock.Now() })
+			func(m *modelRecord) { h.settled(m, state) })
 	case 6:
 		h.end(k, arg, "extend", func(l *idem.Lease) error { return l.Extend(h.ctx) },
 			func(m *modelRecord) { m.leaseUntil = h.clock.Now().Add(opsLease) })
@@ -171,8 +178,7 @@ func (h *opsHarness) step(op, arg int) {
 		h.clock.Advance(d)
 	case 8:
 		if arg%2 == 0 {
-			_, err := h.db.Sweep(h.ctx)
-			require.NoError(h.t, err)
+			h.sweep()
 		} else {
 			h.crash(arg / 2 % 101)
 		}
@@ -180,7 +186,155 @@ func (h *opsHarness) step(op, arg int) {
 		h.get(k)
 	case 10:
 		h.takeOver(k)
+	case 11:
+		h.reconcile(arg)
+	case 12:
+		h.checkMetrics()
 	}
+}
+
+// The model's side of each way a lease ends, shared by the harness's own
+// leases and the reconciler's.
+func (h *opsHarness) completed(m *modelRecord, status int, body []byte) {
+	m.state, m.leaseUntil, m.status = idem.StateCompleted, h.clock.Now(), status
+	m.body, m.omitted = body, len(body) > opsMaxBody
+	h.counts.Completions++
+}
+
+func (h *opsHarness) released(k int) {
+	h.model[k] = nil
+	h.counts.Releases++
+}
+
+func (h *opsHarness) settled(m *modelRecord, state idem.State) {
+	m.state, m.leaseUntil = state, h.clock.Now()
+	if state == idem.StateUnknown {
+		h.counts.Unknowns++
+	} else {
+		h.counts.Failures++
+	}
+}
+
+// grant records a new lease on k, which every earlier one loses.
+func (h *opsHarness) grant(k int, m *modelRecord, l *idem.Lease) {
+	h.nextID++
+	h.leases[k] = append(h.leases[k], opsLeaseEntry{lease: l, id: h.nextID, epoch: h.epoch})
+	m.state, m.leaseUntil, m.owner = idem.StateInProgress, h.clock.Now().Add(opsLease), h.nextID
+}
+
+// sweep deletes what has expired; the model forgets it too, so that the
+// metrics stop counting it.
+func (h *opsHarness) sweep() {
+	_, err := h.db.Sweep(h.ctx)
+	require.NoError(h.t, err)
+	for k, m := range h.model {
+		if m != nil && !h.clock.Now().Before(m.expiresAt) {
+			h.model[k] = nil
+		}
+	}
+}
+
+// The reconciler's choices for an overdue record.
+const (
+	reconcileComplete = iota
+	reconcileRelease
+	reconcileUnknown
+	reconcileLeave // returns without resolving
+	reconcileFail  // returns an error
+	reconcileChoices
+)
+
+// reconcile runs a pass in which arg picks what the reconciler does with
+// each key, and checks that it was handed exactly the live records past
+// their lease.
+func (h *opsHarness) reconcile(arg int) {
+	var want []int
+	for k := range opsKeys {
+		if m := h.live(k); m != nil && m.state == idem.StateInProgress && !h.clock.Now().Before(m.leaseUntil) {
+			want = append(want, k)
+		}
+	}
+	var got []int
+	wantResolved := 0
+	h.decide = func(k int) int {
+		got = append(got, k)
+		d := arg
+		for range k {
+			d /= reconcileChoices
+		}
+		if d%reconcileChoices <= reconcileUnknown {
+			wantResolved++
+		}
+		return d % reconcileChoices
+	}
+	res, err := h.db.Reconcile(h.ctx)
+	h.decide = nil
+	require.NoError(h.t, err)
+	require.ElementsMatch(h.t, want, got, "keys handed to the reconciler")
+	require.Equal(h.t, idem.ReconcileResult{Overdue: len(want), Resolved: wantResolved}, res)
+	h.counts.Reconciled += int64(wantResolved)
+}
+
+// reconcileOne is the store's Options.Reconcile: it takes the lease the
+// pass granted as the harness's own, then does what decide says.
+func (h *opsHarness) reconcileOne(ctx context.Context, l *idem.Lease) error {
+	require.NotNil(h.t, h.decide, "the reconciler ran outside a pass")
+	var k int
+	_, err := fmt.Sscanf(l.Record().Scope.Key, "key-%d", &k)
+	require.NoError(h.t, err)
+	m := h.live(k)
+	require.NotNil(h.t, m, "key %d handed to the reconciler is not live", k)
+	h.grant(k, m, l)
+	switch h.decide(k) {
+	case reconcileComplete:
+		require.NoError(h.t, l.Complete(ctx, idem.Response{Status: 200, Body: opsBodies[2]}))
+		h.completed(m, 200, opsBodies[2])
+	case reconcileRelease:
+		require.NoError(h.t, l.Release(ctx))
+		h.released(k)
+	case reconcileUnknown:
+		require.NoError(h.t, l.MarkUnknown(ctx))
+		h.settled(m, idem.StateUnknown)
+	case reconcileFail:
+		return errors.New("provider unreachable")
+	}
+	return nil
+}
+
+// checkMetrics compares the store's metrics with the model: its event
+// counts since it opened and the records it holds that are not completed,
+// expired ones included until a sweep removes them.
+func (h *opsHarness) checkMetrics() {
+	got, err := h.db.Metrics()
+	require.NoError(h.t, err)
+	now := h.clock.Now()
+	want := h.counts
+	for _, m := range h.model {
+		if m == nil {
+			continue
+		}
+		switch m.state {
+		case idem.StateInProgress:
+			want.InProgress++
+			if !now.Before(m.leaseUntil) {
+				want.Overdue++
+			}
+			want.OldestInProgress = max(want.OldestInProgress, now.Sub(m.createdAt))
+		case idem.StateUnknown:
+			want.UnknownRecords++
+		case idem.StateFailed:
+			want.FailedRecords++
+		}
+		if !now.Before(m.expiresAt) {
+			want.Expired++
+		}
+	}
+	// What the model does not keep: sweeps' totals, group commit and
+	// Pebble's own figures.
+	want.Swept, want.BytesReclaimed, want.Compactions = got.Swept, got.BytesReclaimed, got.Compactions
+	want.Commits, want.Syncs = got.Commits, got.Syncs
+	want.DiskBytes, want.PebbleCompactions, want.PebbleFlushes, want.ReadAmp = got.DiskBytes, got.PebbleCompactions, got.PebbleFlushes, got.ReadAmp
+	require.Equal(h.t, want, got)
 }
 
 // claim checks a claim's answer against the model, and records its lease.
@@ -195,18 +349,23 @@ func (h *opsHarness) claim(k, fp int) {
 		require.Nil(t, rec)
 		h.nextID++
 		h.leases[k] = append(h.leases[k], opsLeaseEntry{lease: l, id: h.nextID, epoch: h.epoch})
-		h.model[k] = &modelRecord{fp: fp, state: idem.StateInProgress, leaseUntil: now.Add(opsLease), expiresAt: now.Add(opsTTL), owner: h.nextID}
+		h.model[k] = &modelRecord{fp: fp, state: idem.StateInProgress, leaseUntil: now.Add(opsLease), expiresAt: now.Add(opsTTL), owner: h.nextID, createdAt: now}
+		h.counts.Claims++
 	case m.fp != fp:
 		require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "key %d holds fingerprint %d, claimed with %d", k, m.fp, fp)
+		h.counts.Mismatches++
 	case m.state == idem.StateCompleted:
 		require.NoError(t, err, "replay of key %d", k)
 		require.Nil(t, l)
 		require.NotNil(t, rec)
 		h.checkRecord(k, m, rec)
+		h.counts.Replays++
 	case m.state == idem.StateInProgress && now.Before(m.leaseUntil):
 		require.ErrorIs(t, err, idem.ErrInProgress, "key %d is held", k)
+		h.counts.Conflicts++
 	default:
 		require.ErrorIs(t, err, idem.ErrOutcomePending, "key %d is %s", k, m.state)
+		h.counts.Pending++
 	}
 }
 
@@ -227,9 +386,7 @@ func (h *opsHarness) takeOver(k int) {
 	default:
 		require.NoError(t, err, "takeover of key %d, %s", k, m.state)
 		require.NotNil(t, l)
-		h.nextID++
-		h.leases[k] = append(h.leases[k], opsLeaseEntry{lease: l, id: h.nextID, epoch: h.epoch})
-		m.state, m.leaseUntil, m.owner = idem.StateInProgress, now.Add(opsLease), h.nextID
+		h.grant(k, m, l)
 	}
 }
 
