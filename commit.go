@@ -14,10 +14,16 @@ import (
 // next group, and that group then commits with a single sync.
 //
 // There is no committer goroutine: the first caller to join a group is its
-// leader. It waits for the previous group's commit to finish, closes its
-// group to newcomers and commits it; the others wait for the result. The
-// leader is a goroutine that is already running, so no commit waits for the
-// scheduler to wake a helper.
+// leader. It waits until no other group is committing, closes its group to
+// newcomers (unless a caller already did, see maxGroupBytes) and commits
+// it; the others wait for the result. The leader is a goroutine that is
+// already running, so no commit waits for the scheduler to wake a helper.
+//
+// Groups may commit out of the order they opened in: the leaders of a
+// group closed early and of the one after it race for the token. Nothing
+// depends on that order, since no caller waits for another caller's write:
+// two writes of one record are ordered by its stripe, held until each is
+// durable.
 //
 // A caller that holds a stripe lock keeps it while it waits: Pebble makes a
 // batch readable before its sync ends, and the stripe is what keeps other
@@ -113,14 +119,16 @@ func (c *committer) commit(fill func(b *pebble.Batch) error) error {
 // bound one group could gather dozens of them. Pebble turns a batch of half
 // a memtable or more into a memtable of its own, rotating the live one for
 // it, and a batch that reaches 4 GiB makes Pebble panic. A group therefore
-// holds at most this much plus one caller's writes, and the sync of 16 MiB
-// costs so much more than its fixed part that nothing is lost by splitting.
-const maxGroupBytes = 16 << 20
+// holds at most this much plus one caller's writes, and a sync of a quarter
+// memtable costs so much more than its fixed part that nothing is lost by
+// splitting.
+const maxGroupBytes = memTableBytes / 4
 
 // gatherRounds bounds how many times a leader yields before committing.
 const gatherRounds = 8
 
-// gather lets callers that are about to join g do so before it closes. When
+// gather lets callers that are about to join g do so before it closes,
+// unless a caller already closed it (maxGroupBytes). When
 // a group's sync ends, its callers all wake at once and need the CPU for a
 // moment before they commit again; a leader that closed its group at once
 // would leave them for the group after, two syncs away. So the leader
