@@ -157,6 +157,28 @@ func Open(dir string, opts *Options) (*DB, error) {
 	// (MinLZ; Snappy on arm64) keeps tables about as small as Snappy did at
 	// less processor time: see bench/README.md.
 	popts.Levels[0].Compression = func() *sstable.CompressionProfile { return sstable.FastestCompression }
+	// Completed records, which carry the response, go to blob files at
+	// flush, and compactions then move only keys and references. Keys
+	// are random, so every table overlaps the whole store, and without
+	// this each record is rewritten at every level it passes: the
+	// compactions of a growing store took half the processor time and
+	// lengthened the log's syncs. The reference depth is set high enough
+	// that compactions never rewrite values to restore locality, which
+	// only scans would gain from; idem reads records one key at a time.
+	// Blob files whose values are mostly deleted are rewritten after an
+	// hour, for stores whose records expire at different times.
+	// Measured on a store growing to 1.2M records: +19-21% records in the
+	// same time, throughput flat instead of falling by a quarter, and
+	// random reads of the grown store 20-25% slower (see bench/README.md).
+	popts.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
+		return pebble.ValueSeparationPolicy{
+			Enabled:               true,
+			MinimumSize:           512,
+			MaxBlobReferenceDepth: 1000,
+			RewriteMinimumAge:     time.Hour,
+			TargetGarbageRatio:    0.5,
+		}
+	}
 	// Pebble reports a single deletion that met more than one set here;
 	// retirePending relies on that never happening.
 	popts.EventListener = &pebble.EventListener{PossibleAPIMisuse: func(i pebble.PossibleAPIMisuseInfo) {

@@ -93,8 +93,8 @@ func TestBodyCompression(t *testing.T) {
 }
 
 // TestChunkedBodiesAreCompressedOnDisk: bodies too large to live in the
-// record are stored in chunks as they came, and Pebble's tables compress
-// them (see Open).
+// record are stored in chunks as they came, which Pebble separates into
+// blob files and compresses there (see Open).
 func TestChunkedBodiesAreCompressedOnDisk(t *testing.T) {
 	ctx := context.Background()
 	db := openFilterTest(t, vfs.NewMem())
@@ -108,8 +108,10 @@ func TestChunkedBodiesAreCompressedOnDisk(t *testing.T) {
 		require.Positive(t, l.Record().chunks, "the body was not chunked")
 	}
 	require.NoError(t, db.FlushMemtable())
-	stored := db.pdb.Metrics().Total().TablesSize
-	assert.Less(t, stored, raw/4, "tables hold %d bytes for %d bytes of bodies", stored, raw)
+	m := db.pdb.Metrics()
+	require.Positive(t, m.BlobFiles.LiveCount, "the chunks were not separated from the tables")
+	stored := int64(m.Total().TablesSize) + int64(m.BlobFiles.LiveSize)
+	assert.Less(t, stored, raw/4, "tables and blob files hold %d bytes for %d bytes of bodies", stored, raw)
 }
 
 // TestBlockCacheKeepsBlocks: a record read back from a table is cached,
