@@ -120,8 +120,8 @@ func (s *idemSystem) close() error { return s.db.Close() }
 // so concurrent writers share syncs only as far as Pebble's own commit
 // pipeline groups them. "pebble" runs on Pebble's default options, as a
 // first version would; "pebble-tuned" gets the tuning idem uses (bloom
-// filters, a larger cache and memtable), so that the difference between it
-// and idem is idem's own doing.
+// filters, a larger cache and memtable, compression, value separation), so
+// that the difference between it and idem is idem's own doing.
 type pebbleSystem struct {
 	db      *pebble.DB
 	seed    maphash.Seed
@@ -132,10 +132,14 @@ func openPebble(e env, tuned bool) (system, error) {
 	opts := &pebble.Options{Logger: quietLogger{}, FormatMajorVersion: pebble.FormatNewest}
 	if tuned {
 		// As idem: a 64 MiB block cache on top of the share Pebble takes
-		// of it for two 64 MiB memtables, and the fastest compression.
+		// of it for two 64 MiB memtables, the fastest compression, and
+		// values of 512 bytes or more in blob files.
 		opts.CacheSize, opts.MemTableSize = 3*64<<20, 64<<20
 		opts.Levels[0].Compression = func() *sstable.CompressionProfile { return sstable.FastestCompression }
 		opts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+		opts.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
+			return pebble.ValueSeparationPolicy{Enabled: true, MinimumSize: 512, MaxBlobReferenceDepth: 1000, RewriteMinimumAge: time.Hour, TargetGarbageRatio: 0.5}
+		}
 	}
 	db, err := pebble.Open(e.dir, opts)
 	if err != nil {
