@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -350,6 +351,22 @@ func (db *DB) lockKeys(rks [][]byte) (unlock func()) {
 	}
 }
 
+// get reads the value stored under rk, as Pebble's Get does. A value kept
+// in a blob file is read lazily, and when that read fails Pebble's Get
+// returns no value and no error, the error coming only from the closer;
+// decoded, the missing value would pass for a corrupt record. Stored values
+// are never empty, so get checks the closer then and returns its error.
+func (db *DB) get(k []byte) ([]byte, io.Closer, error) {
+	v, closer, err := db.pdb.Get(k)
+	if err != nil || len(v) > 0 {
+		return v, closer, err
+	}
+	if err := closer.Close(); err != nil {
+		return nil, nil, err
+	}
+	return v, io.NopCloser(nil), nil
+}
+
 // readLocked returns the record stored under rk, or nil if there is none.
 // An expired record is returned too (live reports which): callers treat it
 // as absent but may need to clean up after it. The caller holds rk's stripe.
@@ -357,7 +374,7 @@ func (db *DB) readLocked(rk []byte, now time.Time) (rec *Record, live bool, err 
 	if !db.mayExist(db.hash(rk)) {
 		return nil, false, nil
 	}
-	v, closer, err := db.pdb.Get(rk)
+	v, closer, err := db.get(rk)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, false, nil
 	}

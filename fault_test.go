@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -276,4 +277,45 @@ func childStore(dir string, f *faults, keys ...string) *idem.DB {
 		os.Exit(3)
 	}
 	return db
+}
+
+// TestBlobReadFaultsAreReadErrors: a completed record's value lives in a
+// blob file once flushed, and Pebble reports a failed read of it only when
+// the value is released. The store must still answer with that read error,
+// not call the record corrupt or absent, and answer normally once the
+// fault clears.
+func TestBlobReadFaultsAreReadErrors(t *testing.T) {
+	f := &faults{match: func(op errorfs.Op) bool {
+		return strings.HasSuffix(op.Path, ".blob") && op.Kind.ReadOrWrite() == errorfs.OpIsRead
+	}}
+	opts := &idem.Options{FS: errorfs.Wrap(vfs.NewMem(), f), SweepInterval: -1, Logger: discard()}
+	db, err := idem.Open("db", opts)
+	require.NoError(t, err)
+	body := make([]byte, 2048) // random bytes: not compressed, so kept in a blob file
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range body {
+		body[i] = byte(rng.Uint32())
+	}
+	require.NoError(t, claim(t, db, scope("blob"), fp("a")).Complete(ctx, idem.Response{Status: 200, Body: body}))
+	require.NoError(t, db.FlushMemtable())
+	require.NoError(t, db.Close())
+
+	db, err = idem.Open("db", opts) // a cold cache: the read goes to the file
+	require.NoError(t, err)
+	defer db.Close()
+	f.on.Store(true)
+	_, err = db.Get(ctx, scope("blob"))
+	require.Error(t, err)
+	assert.ErrorIs(t, err, errorfs.ErrInjected)
+	assert.NotErrorIs(t, err, idem.ErrCorrupt)
+	assert.NotErrorIs(t, err, idem.ErrNotFound)
+	_, _, err = db.Claim(ctx, scope("blob"), fp("a"))
+	assert.ErrorIs(t, err, errorfs.ErrInjected, "a claim must fail with the read error, not run again")
+	f.on.Store(false)
+	require.Positive(t, f.injected.Load(), "no blob file was read")
+
+	_, rec, err := db.Claim(ctx, scope("blob"), fp("a"))
+	require.NoError(t, err)
+	require.NotNil(t, rec)
+	assert.Equal(t, body, rec.Response.Body)
 }

@@ -188,7 +188,7 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 // holds reports whether the value stored under rk is exactly v. The caller
 // holds rk's stripe.
 func (db *DB) holds(rk, v []byte) (bool, error) {
-	got, closer, err := db.pdb.Get(rk)
+	got, closer, err := db.get(rk)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return false, nil
 	}

@@ -71,7 +71,11 @@ func (db *DB) Records(ctx context.Context, f Filter) iter.Seq2[*Record, error] {
 				yield(nil, errors.Join(err, it.Close()))
 				return
 			}
-			rec, err := decodeRecord(it.Value())
+			v, err := it.ValueAndErr()
+			var rec *Record
+			if err == nil {
+				rec, err = decodeRecord(v)
+			}
 			if err == nil {
 				rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, err = keys.ParseRecord(it.Key())
 			}
