@@ -138,7 +138,7 @@ func openPebble(e env, tuned bool) (system, error) {
 		opts.Levels[0].Compression = func() *sstable.CompressionProfile { return sstable.FastestCompression }
 		opts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
 		opts.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
-			return pebble.ValueSeparationPolicy{Enabled: true, MinimumSize: 512, MaxBlobReferenceDepth: 1000, RewriteMinimumAge: time.Hour, TargetGarbageRatio: 0.5}
+			return pebble.ValueSeparationPolicy{Enabled: true, MinimumSize: 512, MaxBlobReferenceDepth: 1000, RewriteMinimumAge: time.Hour, TargetGarbageRatio: 0.2}
 		}
 	}
 	db, err := pebble.Open(e.dir, opts)
