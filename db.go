@@ -357,7 +357,7 @@ func (db *DB) lockKeys(rks [][]byte) (unlock func()) {
 	}
 }
 
-// get reads the value stored under rk, as Pebble's Get does. A value kept
+// get reads the value stored under k, as Pebble's Get does. A value kept
 // in a blob file is read lazily, and when that read fails Pebble's Get
 // returns no value and no error, the error coming only from the closer;
 // decoded, the missing value would pass for a corrupt record. Stored values
