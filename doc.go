@@ -25,7 +25,10 @@
 // with exit status 74 and a line on standard error naming the failed
 // operation: carrying on could acknowledge a write that is not on disk.
 // Only while Open runs and once Close has begun, when nothing acknowledged
-// depends on the log, is such a failure returned instead.
+// depends on the log, is such a failure returned instead. A failure to
+// write, sync or close a blob file, where flushes put completed records'
+// values, ends the process the same way at any time, because Pebble
+// crashes on it otherwise; the log still holds those records.
 //
 // Most claims are of keys never seen. A Bloom filter over every stored key,
 // rebuilt in the background as the store grows, answers those from memory

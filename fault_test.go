@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -43,11 +44,27 @@ func (f *faults) MaybeError(op errorfs.Op) error {
 func (f *faults) String() string { return "test faults" }
 
 func isTable(op errorfs.Op) bool { return strings.HasSuffix(op.Path, ".sst") }
+func isBlob(op errorfs.Op) bool  { return strings.HasSuffix(op.Path, ".blob") }
 
-// fill completes n records and lets the clock run past half of them, then
-// sweeps with compaction so that the survivors are in sstables, not only in
-// the memtable.
-func fill(t *testing.T, db *idem.DB, clock *idemtest.Clock, n int) {
+// smallBody is record i's body when it should stay in the tables.
+func smallBody(i int) []byte { return []byte(fmt.Sprint(i)) }
+
+// blobBody is record i's body when it should go to a blob file at flush:
+// 2 KiB of random bytes, which the store cannot compress below Pebble's
+// value-separation threshold.
+func blobBody(i int) []byte {
+	body := make([]byte, 2048)
+	rng := rand.New(rand.NewPCG(uint64(i), 2))
+	for j := range body {
+		body[j] = byte(rng.Uint32())
+	}
+	return body
+}
+
+// fill completes n records with the given bodies and lets the clock run
+// past as many older ones, then sweeps with compaction so that the
+// survivors are in sstables, not only in the memtable.
+func fill(t *testing.T, db *idem.DB, clock *idemtest.Clock, n int, body func(int) []byte) {
 	t.Helper()
 	for i := range n {
 		s := scope(fmt.Sprint("old", i))
@@ -56,7 +73,7 @@ func fill(t *testing.T, db *idem.DB, clock *idemtest.Clock, n int) {
 	clock.Advance(23 * time.Hour)
 	for i := range n {
 		s := scope(fmt.Sprint(i))
-		require.NoError(t, claim(t, db, s, fp("a")).Complete(ctx, idem.Response{Status: 200, Body: []byte(fmt.Sprint(i))}))
+		require.NoError(t, claim(t, db, s, fp("a")).Complete(ctx, idem.Response{Status: 200, Body: body(i)}))
 	}
 	clock.Advance(2 * time.Hour)
 	res, err := db.Sweep(ctx)
@@ -65,13 +82,13 @@ func fill(t *testing.T, db *idem.DB, clock *idemtest.Clock, n int) {
 	require.Positive(t, res.Compactions)
 }
 
-func checkIntact(t *testing.T, db *idem.DB, n int) {
+func checkIntact(t *testing.T, db *idem.DB, n int, body func(int) []byte) {
 	t.Helper()
 	for i := range n {
 		_, rec, err := db.Claim(ctx, scope(fmt.Sprint(i)), fp("a"))
 		require.NoError(t, err)
 		require.NotNil(t, rec, "key %d must replay", i)
-		assert.Equal(t, fmt.Sprint(i), string(rec.Response.Body))
+		assert.Equal(t, body(i), rec.Response.Body)
 	}
 	require.NoError(t, db.CheckConsistency())
 }
@@ -84,7 +101,7 @@ func TestReadFaultsGiveErrors(t *testing.T) {
 	opts := &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1, CompactBytes: 1, Logger: discard()}
 	db, err := idem.Open("db", opts)
 	require.NoError(t, err)
-	fill(t, db, clock, n)
+	fill(t, db, clock, n, smallBody)
 	require.NoError(t, db.Close())
 
 	// A fresh handle has a cold cache, so lookups must read the tables.
@@ -107,31 +124,101 @@ func TestReadFaultsGiveErrors(t *testing.T) {
 	assert.Positive(t, failed, "read faults must surface as errors")
 	assert.Positive(t, f.injected.Load())
 	t.Logf("%d read faults injected, %d claims failed", f.injected.Load(), failed)
-	checkIntact(t, db, n)
+	checkIntact(t, db, n, smallBody)
 }
 
-// TestTableWriteFaultsLoseNothing fails the writes of flushes and
-// compactions for a while. Pebble retries them in the background; the WAL
-// keeps every acknowledged write, and once the fault clears, the sweep's
-// compaction goes through and everything is intact.
+// TestTableWriteFaultsLoseNothing fails for a while the writes of flushes
+// and compactions to their tables, or the creation of the blob files that
+// completed records' values go to. Pebble retries them in the background;
+// the WAL keeps every acknowledged write, and once the fault clears, the
+// sweep's compaction goes through and everything is intact. (A blob
+// file's failed write, sync or close ends the process instead: see
+// TestBlobFileFailureEndsProcess.)
 func TestTableWriteFaultsLoseNothing(t *testing.T) {
-	const n = 300
-	f := &faults{limit: 25, match: func(op errorfs.Op) bool { return isTable(op) && op.Kind.ReadOrWrite() == errorfs.OpIsWrite }}
-	fs := errorfs.Wrap(vfs.NewMem(), f)
-	clock := idemtest.NewClock()
-	db, err := idem.Open("db", &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1, CompactBytes: 1, Logger: discard()})
-	require.NoError(t, err)
-	defer db.Close()
+	for _, tc := range []struct {
+		name  string
+		match func(errorfs.Op) bool
+		body  func(int) []byte
+	}{
+		{"tables", func(op errorfs.Op) bool { return isTable(op) && op.Kind.ReadOrWrite() == errorfs.OpIsWrite }, smallBody},
+		{"blob creation", func(op errorfs.Op) bool { return isBlob(op) && op.Kind == errorfs.OpCreate }, blobBody},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 300
+			f := &faults{limit: 25, match: tc.match}
+			fs := errorfs.Wrap(vfs.NewMem(), f)
+			clock := idemtest.NewClock()
+			db, err := idem.Open("db", &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1, CompactBytes: 1, Logger: discard()})
+			require.NoError(t, err)
+			defer db.Close()
+			f.on.Store(true)
+			fill(t, db, clock, n, tc.body)
+			assert.Equal(t, f.limit, f.injected.Load(), "every planned fault was hit")
+			checkIntact(t, db, n, tc.body)
+			require.NoError(t, db.Close())
+			reopened, err := idem.Open("db", &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1})
+			require.NoError(t, err)
+			defer reopened.Close()
+			checkIntact(t, reopened, n, tc.body)
+		})
+	}
+}
+
+// TestBlobFileFailureEndsProcess fails, in a child process, a write or
+// sync of the blob file a flush writes (errorfs cannot fail a close;
+// walfile_test covers it). Pebble would dereference nil
+// on the last of these (see blobFile); idem must end the process first,
+// with its status and message, and the store it leaves must open with
+// every acknowledged record.
+func TestBlobFileFailureEndsProcess(t *testing.T) {
+	const n = 20
+	if env := os.Getenv("IDEM_BLOB_CHILD"); env != "" {
+		dir, kind, _ := strings.Cut(env, ",")
+		blobChild(dir, kind, n)
+		return
+	}
+	for _, kind := range []string{"write", "sync"} {
+		t.Run(kind, func(t *testing.T) {
+			dir := t.TempDir()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBlobFileFailureEndsProcess$")
+			cmd.Env = append(os.Environ(), "IDEM_BLOB_CHILD="+dir+","+kind)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "output: %s", out)
+			assert.Equal(t, 74, exit.ExitCode(), "output: %s", out)
+			assert.Regexp(t, `idem: fatal storage error.*: `+kind+` \S+\.blob: `, string(out))
+
+			db, err := idem.Open(filepath.Join(dir, "db"), &idem.Options{SweepInterval: -1})
+			require.NoError(t, err)
+			defer db.Close()
+			checkIntact(t, db, n, blobBody)
+		})
+	}
+}
+
+func blobChild(dir, kind string, n int) {
+	kinds := map[string][]errorfs.OpKind{
+		"write": {errorfs.OpFileWrite, errorfs.OpFileWriteAt},
+		"sync":  {errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo},
+	}[kind]
+	// A few faults, not endless ones: a store that survived them would
+	// finish the flush and say so, rather than retry it for ever.
+	f := &faults{limit: 5, match: func(op errorfs.Op) bool { return isBlob(op) && slices.Contains(kinds, op.Kind) }}
+	db := childStore(filepath.Join(dir, "db"), f)
+	for i := range n {
+		l, _, err := db.Claim(ctx, scope(fmt.Sprint(i)), fp("a"))
+		if err == nil {
+			err = l.Complete(ctx, idem.Response{Status: 200, Body: blobBody(i)})
+		}
+		if err != nil {
+			fmt.Println("child failed before the fault:", err)
+			os.Exit(3)
+		}
+	}
 	f.on.Store(true)
-	fill(t, db, clock, n)
-	assert.Equal(t, f.limit, f.injected.Load(), "every planned fault was hit")
-	t.Logf("%d table write faults injected", f.injected.Load())
-	checkIntact(t, db, n)
-	require.NoError(t, db.Close())
-	reopened, err := idem.Open("db", &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1})
-	require.NoError(t, err)
-	defer reopened.Close()
-	checkIntact(t, reopened, n)
+	err := db.FlushMemtable()
+	fmt.Println("child survived:", err)
+	os.Exit(0)
 }
 
 // TestWALFailureAtCloseIsReturned fails the log's final sync, which Close
@@ -285,17 +372,11 @@ func childStore(dir string, f *faults, keys ...string) *idem.DB {
 // not call the record corrupt or absent, and answer normally once the
 // fault clears.
 func TestBlobReadFaultsAreReadErrors(t *testing.T) {
-	f := &faults{match: func(op errorfs.Op) bool {
-		return strings.HasSuffix(op.Path, ".blob") && op.Kind.ReadOrWrite() == errorfs.OpIsRead
-	}}
+	f := &faults{match: func(op errorfs.Op) bool { return isBlob(op) && op.Kind.ReadOrWrite() == errorfs.OpIsRead }}
 	opts := &idem.Options{FS: errorfs.Wrap(vfs.NewMem(), f), SweepInterval: -1, Logger: discard()}
 	db, err := idem.Open("db", opts)
 	require.NoError(t, err)
-	body := make([]byte, 2048) // random bytes: not compressed, so kept in a blob file
-	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range body {
-		body[i] = byte(rng.Uint32())
-	}
+	body := blobBody(1)
 	require.NoError(t, claim(t, db, scope("blob"), fp("a")).Complete(ctx, idem.Response{Status: 200, Body: body}))
 	require.NoError(t, db.FlushMemtable())
 	require.NoError(t, db.Close())

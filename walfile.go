@@ -3,6 +3,7 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -23,12 +24,13 @@ import (
 // as the end of the log: it is what preallocation leaves behind.
 //
 // walFS also ends the process at the first failed write, sync or close of
-// a log, on disk or in memory. Pebble treats each of these as fatal too,
+// a log or of a blob file being written, on disk or in memory. Pebble treats each of these as fatal too,
 // but not always by calling its logger's Fatalf: when the failure meets a
 // memtable rotation, Pebble panics with its own mutex released, and the
 // runtime dies of "unlock of unlocked mutex" instead, with no clear message
 // and the wrong exit status. The same goes for creating the next log and
 // syncing the directory that holds it, which Pebble does while rotating.
+// Blob files (blobFile) need it for a reason of their own.
 // Only while the store is live, though: before Open is done and once Close
 // has begun, nothing acknowledged depends on the log, and a failure is only
 // returned.
@@ -92,6 +94,9 @@ func (fs *walFS) check(op, name string, err error) error {
 }
 
 func (fs *walFS) wrap(f vfs.File, name string, category vfs.DiskWriteCategory, err error) (vfs.File, error) {
+	if err == nil && strings.HasSuffix(name, ".blob") {
+		return &blobFile{File: f, fs: fs, name: name}, nil
+	}
 	if category != walCategory {
 		return f, err
 	}
@@ -130,6 +135,42 @@ type walFile struct {
 	stopped   bool  // guarded by mu: set by Close, or after a failed fill
 	lost      error // guarded by mu: a fill's failed sync, which the log's own syncs may not see again
 	fillCount int   // guarded by mu: fills done, for tests
+}
+
+// blobFile is a blob file that a flush or compaction writes. When the last
+// write, the sync or the close that finish such a file fails, Pebble
+// (v2.1.7) aborts the file it has just closed and dereferences nil in its
+// background goroutine, which kills the process with a bare stack trace,
+// whether the store is live or not. That write cannot be told apart from
+// earlier ones, which Pebble survives, so every failed write, sync or
+// close of a blob file ends the process with a clear message instead.
+// Nothing acknowledged is lost: the log still holds what the flush was
+// writing. A failed creation is left to Pebble, which retries the flush.
+type blobFile struct {
+	vfs.File
+	fs   *walFS
+	name string
+}
+
+func (b *blobFile) Write(p []byte) (int, error) {
+	n, err := b.File.Write(p)
+	return n, b.check("write", err)
+}
+
+func (b *blobFile) Sync() error     { return b.check("sync", b.File.Sync()) }
+func (b *blobFile) SyncData() error { return b.check("sync", b.File.SyncData()) }
+func (b *blobFile) Close() error    { return b.check("close", b.File.Close()) }
+
+func (b *blobFile) SyncTo(length int64) (bool, error) {
+	full, err := b.File.SyncTo(length)
+	return full, b.check("sync", err)
+}
+
+func (b *blobFile) check(op string, err error) error {
+	if err != nil {
+		b.fs.fatal(fmt.Sprintf("%s %s: %v", op, b.name, err))
+	}
+	return err
 }
 
 const pageBytes = 4096

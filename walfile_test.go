@@ -137,18 +137,30 @@ func TestWALFileFailureIsFatalBeforePebbleSeesIt(t *testing.T) {
 		{"SyncTo", "sync", func(f vfs.File) error { _, err := f.SyncTo(1); return err }},
 		{"Close", "close", func(f vfs.File) error { return f.Close() }},
 	} {
-		mem := vfs.NewMem()
-		inner, err := mem.Create("000004.log", walCategory)
-		require.NoError(t, err)
-		var fatal []string
-		fs := &walFS{FS: mem, fatal: func(msg string) { fatal = append(fatal, msg) }}
-		fs.live.Store(true)
-		f, err := fs.wrap(failingFile{File: inner, err: injected}, "000004.log", walCategory, nil)
-		require.NoError(t, err)
+		for _, file := range []struct {
+			name     string
+			category vfs.DiskWriteCategory
+			live     bool
+		}{
+			{"000004.log", walCategory, true},
+			// A blob file's failure is fatal even outside the live store:
+			// Pebble's flush would crash on it anyway (see blobFile).
+			{"000005.blob", "pebble-memtable-flush", true},
+			{"000005.blob", "pebble-memtable-flush", false},
+		} {
+			mem := vfs.NewMem()
+			inner, err := mem.Create(file.name, file.category)
+			require.NoError(t, err)
+			var fatal []string
+			fs := &walFS{FS: mem, fatal: func(msg string) { fatal = append(fatal, msg) }}
+			fs.live.Store(file.live)
+			f, err := fs.wrap(failingFile{File: inner, err: injected}, file.name, file.category, nil)
+			require.NoError(t, err)
 
-		err = c.call(f)
-		assert.ErrorIs(t, err, injected, c.name)
-		assert.Equal(t, []string{c.op + " 000004.log: injected"}, fatal, c.name)
+			err = c.call(f)
+			assert.ErrorIs(t, err, injected, "%s %s", c.name, file.name)
+			assert.Equal(t, []string{c.op + " " + file.name + ": injected"}, fatal, "%s %s", c.name, file.name)
+		}
 	}
 }
 
@@ -194,6 +206,8 @@ func TestWALFSRotationFailuresAndLiveness(t *testing.T) {
 	_, err := fs.wrap(nil, "000005.log", walCategory, injected)
 	assert.ErrorIs(t, err, injected)
 	_, err = fs.wrap(nil, "000006.sst", "pebble-flush", injected)
+	assert.ErrorIs(t, err, injected)
+	_, err = fs.wrap(nil, "000007.blob", "pebble-flush", injected)
 	assert.ErrorIs(t, err, injected)
 	assert.Equal(t, []string{"create 000005.log: injected"}, fatal, "only a log's creation is fatal")
 
