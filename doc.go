@@ -26,9 +26,11 @@
 // operation: carrying on could acknowledge a write that is not on disk.
 // Only while Open runs and once Close has begun, when nothing acknowledged
 // depends on the log, is such a failure returned instead. A failure to
-// write, sync or close a blob file, where flushes put completed records'
-// values, ends the process the same way at any time, because Pebble
-// crashes on it otherwise; the log still holds those records.
+// write, sync or close a blob file (where flushes and compactions put
+// values of a few hundred bytes or more) ends the process the same way at
+// any time, a full disk included: Pebble crashes on some of these failures,
+// and they cannot be told apart. Nothing is lost, as the log or the
+// compaction's input files still hold those values.
 //
 // Most claims are of keys never seen. A Bloom filter over every stored key,
 // rebuilt in the background as the store grows, answers those from memory

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -166,10 +167,11 @@ func TestTableWriteFaultsLoseNothing(t *testing.T) {
 
 // TestBlobFileFailureEndsProcess fails, in a child process, a write or
 // sync of the blob file a flush writes (errorfs cannot fail a close;
-// walfile_test covers it). Pebble would dereference nil
-// on the last of these (see blobFile); idem must end the process first,
-// with its status and message, and the store it leaves must open with
-// every acknowledged record.
+// walfile_test covers it). Pebble dereferences nil on a failed sync (see
+// blobFile); an early write it would survive, so that case checks the
+// policy that every failed blob write is fatal. Either way the process
+// must end with idem's status and message, and the store it leaves must
+// open with every acknowledged record.
 func TestBlobFileFailureEndsProcess(t *testing.T) {
 	const n = 20
 	if env := os.Getenv("IDEM_BLOB_CHILD"); env != "" {
@@ -180,7 +182,11 @@ func TestBlobFileFailureEndsProcess(t *testing.T) {
 	for _, kind := range []string{"write", "sync"} {
 		t.Run(kind, func(t *testing.T) {
 			dir := t.TempDir()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestBlobFileFailureEndsProcess$")
+			// A child that retried a flush for ever would fail the test,
+			// not hang it.
+			tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(tctx, os.Args[0], "-test.run=^TestBlobFileFailureEndsProcess$")
 			cmd.Env = append(os.Environ(), "IDEM_BLOB_CHILD="+dir+","+kind)
 			out, err := cmd.CombinedOutput()
 			var exit *exec.ExitError

@@ -24,21 +24,23 @@ import (
 // as the end of the log: it is what preallocation leaves behind.
 //
 // walFS also ends the process at the first failed write, sync or close of
-// a log or of a blob file being written, on disk or in memory. Pebble treats each of these as fatal too,
+// a log, on disk or in memory. Pebble treats each of these as fatal too,
 // but not always by calling its logger's Fatalf: when the failure meets a
 // memtable rotation, Pebble panics with its own mutex released, and the
 // runtime dies of "unlock of unlocked mutex" instead, with no clear message
 // and the wrong exit status. The same goes for creating the next log and
 // syncing the directory that holds it, which Pebble does while rotating.
-// Blob files (blobFile) need it for a reason of their own.
 // Only while the store is live, though: before Open is done and once Close
 // has begun, nothing acknowledged depends on the log, and a failure is only
 // returned.
+//
+// It also wraps the blob files that flushes and compactions write, whose
+// failures are fatal at any time: see blobFile.
 type walFS struct {
 	vfs.FS
 	ahead int64            // zeros to keep ahead of the log's end
 	chunk int64            // zeros written by one fill
-	fatal func(msg string) // ends the process on a failed log operation; returns only in tests
+	fatal func(msg string) // ends the process on a failed log or blob file operation; returns only in tests
 	live  atomic.Bool      // set by Open once Pebble is open, cleared by Close
 }
 
@@ -139,13 +141,16 @@ type walFile struct {
 
 // blobFile is a blob file that a flush or compaction writes. When the last
 // write, the sync or the close that finish such a file fails, Pebble
-// (v2.1.7) aborts the file it has just closed and dereferences nil in its
-// background goroutine, which kills the process with a bare stack trace,
-// whether the store is live or not. That write cannot be told apart from
-// earlier ones, which Pebble survives, so every failed write, sync or
-// close of a blob file ends the process with a clear message instead.
-// Nothing acknowledged is lost: the log still holds what the flush was
-// writing. A failed creation is left to Pebble, which retries the flush.
+// v2.1.7 (blob.FileWriter.Close) aborts the file it has just closed and
+// dereferences nil in its background goroutine, which kills the process
+// with a bare stack trace, whether the store is live or not. That last
+// write cannot be told apart from earlier ones, whose failure Pebble
+// survives by retrying, so every failed write, sync or close of a blob file
+// ends the process with a clear message instead. A full disk during a
+// flush or compaction of large values therefore ends the process too.
+// Nothing is lost: a flush's records are still in the log, a compaction's
+// in its input files. A failed creation is left to Pebble, which retries.
+// A Pebble release that fixes its Close makes this wrapper unnecessary.
 type blobFile struct {
 	vfs.File
 	fs   *walFS

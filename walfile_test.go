@@ -124,7 +124,8 @@ func (f failingFile) Preallocate(int64, int64) error { return nil }
 // Pebble does not always get as far as its own Fatalf after a failed log
 // operation (a failed close during a memtable rotation panics with its mutex
 // released), so the log file itself must end the process, before Pebble
-// sees the error.
+// sees the error. So must a blob file, live store or not, since Pebble's
+// flush crashes on some of its failures.
 func TestWALFileFailureIsFatalBeforePebbleSeesIt(t *testing.T) {
 	injected := errors.New("injected")
 	for _, c := range []struct {

@@ -28,9 +28,9 @@ entries, then compacts the whole store so that the space they held goes
 back to the disk. A running service does the same a little at a time;
 this is for reclaiming space at once, after a burst or before a backup.
 In a store whose endpoints have different TTLs, part of the space of
-large responses stays in blob files shared with live records, until
-Pebble rewrites those files in the background (README: Expiry and
-storage).
+responses over a few hundred bytes stays in blob files shared with live
+records; a running service has Pebble rewrite those files once a fifth of
+all blob bytes are garbage (README: Expiry and storage).
 Progress goes to standard error: a bar on a terminal, plain lines
 otherwise. Interrupting it is safe: what was swept stays swept.
 
