@@ -137,7 +137,15 @@ var errCorrupt = errors.New("idem: corrupt record")
 func (r *Record) encode(dst []byte) ([]byte, error) {
 	body, codec := r.Response.Body, codecRaw
 	if len(body) >= minCompressBytes && r.wholeInline(len(body)) {
-		if c := s2.Encode(nil, body); len(c) <= len(body)-len(body)/8 {
+		// The compressed body is copied into dst below, so its buffer goes
+		// back to the pool: every completion would otherwise allocate one
+		// as large as its body.
+		scratch := encodingPool.Get().(*[]byte)
+		defer putEncoding(scratch)
+		if n := s2.MaxEncodedLen(len(body)); cap(*scratch) < n {
+			*scratch = make([]byte, n)
+		}
+		if c := s2.Encode((*scratch)[:cap(*scratch)], body); len(c) <= len(body)-len(body)/8 {
 			body, codec = c, codecS2
 		}
 	}
