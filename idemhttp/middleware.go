@@ -296,7 +296,19 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	if err != nil {
 		return writeProblem(w, Problem{Status: http.StatusUnauthorized, Code: CodeTenantMissing, Detail: err.Error()}, 0)
 	}
+	if len(endpoint) > idem.MaxEndpointBytes {
+		// By default the endpoint is the method and the path, so this is
+		// the path's fault, not the key's, which is what the store's
+		// ErrInvalidScope would otherwise be reported as.
+		return writeProblem(w, Problem{Status: http.StatusRequestURITooLong, Code: CodeURITooLong,
+			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), idem.MaxEndpointBytes)}, 0)
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
+	if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+		// An outer http.MaxBytesReader has a lower cap than ours.
+		return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: CodePayloadTooLarge,
+			Detail: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit)}, 0)
+	}
 	if err != nil {
 		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeBodyInvalid, Detail: "reading the request body: " + err.Error()}, 0)
 	}

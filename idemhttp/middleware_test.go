@@ -277,6 +277,42 @@ func TestOtherRefusals(t *testing.T) {
 	assert.Zero(t, m.Claims)
 }
 
+// TestRefusalsNameTheirCause: a path too long to store and a body over an
+// outer http.MaxBytesReader are the request's faults, reported as such
+// and not as a bad key or a malformed body.
+func TestRefusalsNameTheirCause(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
+	require.NoError(t, err)
+	a := &app{}
+	capped := mw(a)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/capped" {
+			r.Body = http.MaxBytesReader(w, r.Body, 10)
+		}
+		capped.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	e := &env{t: t, db: db, app: a, srv: srv}
+
+	resp, body := e.call("POST", "/v1/"+strings.Repeat("a", idem.MaxEndpointBytes), "acme", pay, "k")
+	assert.Equal(t, http.StatusRequestURITooLong, resp.StatusCode)
+	p := problem(t, resp, body)
+	assert.Equal(t, idemhttp.CodeURITooLong, p.Code)
+	assert.Contains(t, p.Detail, "more than 1024")
+
+	resp, body = e.call("POST", "/capped", "acme", pay, "k")
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	p = problem(t, resp, body)
+	assert.Equal(t, idemhttp.CodePayloadTooLarge, p.Code)
+	assert.Contains(t, p.Detail, "larger than 10 bytes")
+
+	assert.Zero(t, a.runs.Load())
+	m, err := db.Metrics()
+	require.NoError(t, err)
+	assert.Zero(t, m.Claims)
+}
+
 func TestGetPassesThrough(t *testing.T) {
 	e := setup(t, idemhttp.Options{})
 	for range 2 {

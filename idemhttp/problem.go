@@ -19,6 +19,7 @@ const (
 	CodeKeyReuse         = "idempotency_key_reuse"   // 422 (Options.MismatchStatus)
 	CodeOutcomePending   = "outcome_pending"         // 409
 	CodePayloadTooLarge  = "payload_too_large"       // 413
+	CodeURITooLong       = "uri_too_long"            // 414, the endpoint is too long to store
 	CodeStoreUnavailable = "store_unavailable"       // 503
 )
 
