@@ -110,7 +110,8 @@ type Observation struct {
 	// code of the problem the request was refused with (CodeInProgress,
 	// CodeKeyReuse, ...).
 	Outcome string
-	// Status is the status the client got.
+	// Status is the status the client got, or 0 when the handler hijacked
+	// the connection and answered on it.
 	Status int
 	// Duration is how long the middleware took, the handler included.
 	Duration time.Duration
@@ -120,7 +121,8 @@ type Observation struct {
 const (
 	OutcomeExecuted = "executed" // the handler ran and its response was stored (or the key released)
 	OutcomeReplayed = "replayed" // the stored response was sent again
-	OutcomePanic    = "panic"    // the handler panicked; the record is unknown
+	OutcomePanic    = "panic"    // the handler panicked or ended its goroutine; the record is unknown
+	OutcomeHijacked = "hijacked" // the handler took the connection; the record is unknown
 )
 
 // middleware is the validated configuration behind the handler.
@@ -407,16 +409,26 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), ctxKey{}, out)
 	rec := &recorder{w: w}
 	storeCtx := context.WithoutCancel(r.Context())
+	returned := false
 	defer func() {
-		if p := recover(); p != nil {
-			// The handler may have done anything before it panicked. What
-			// it wrote is never sent: net/http breaks the connection.
-			m.end(lease, lease.MarkUnknown(storeCtx))
+		if returned {
+			return
+		}
+		// The handler panicked, or ended its goroutine (runtime.Goexit),
+		// after it may have done anything. What it wrote is never sent:
+		// net/http breaks the connection.
+		p := recover()
+		m.end(lease, lease.MarkUnknown(storeCtx))
+		if p != nil {
 			panic(p)
 		}
 	}()
 	next.ServeHTTP(rec, r.WithContext(ctx))
+	returned = true
 	switch {
+	case rec.hijacked:
+		m.end(lease, lease.MarkUnknown(storeCtx))
+		return OutcomeHijacked, 0
 	case out.unknown:
 		m.end(lease, lease.MarkUnknown(storeCtx))
 	case out.release:

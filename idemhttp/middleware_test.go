@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -442,6 +443,59 @@ func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
 	require.Len(t, seen, 1, "a panicking request is still observed")
 	assert.Equal(t, idemhttp.OutcomePanic, seen[0].Outcome)
 	assert.Equal(t, http.StatusInternalServerError, seen[0].Status)
+}
+
+// TestGoexitRecordsUnknown: a handler that ends its goroutine instead of
+// returning (runtime.Goexit, as t.FailNow does) may have done anything, as
+// after a panic, and recover sees no value.
+func TestGoexitRecordsUnknown(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runtime.Goexit() }))
+	req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(pay))
+	req.Header.Set("Authorization", "Bearer acme")
+	req.Header.Set("Idempotency-Key", "g")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.ServeHTTP(httptest.NewRecorder(), req)
+	}()
+	<-done
+	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "g"})
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateUnknown, rec.State)
+}
+
+// TestHijackedAnswerIsNotReplayed: a handler that takes the connection
+// answers where the recorder cannot see, so there is no response to store.
+// The record becomes unknown and a retry gets 409 outcome_pending, never a
+// made-up empty 200 marked as a replay.
+func TestHijackedAnswerIsNotReplayed(t *testing.T) {
+	seen := make(chan idemhttp.Observation, 2)
+	e := setup(t, idemhttp.Options{Observe: func(o idemhttp.Observation) { seen <- o }})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if !assert.NoError(t, err) {
+			return
+		}
+		defer conn.Close()
+		rw.WriteString("HTTP/1.1 202 Accepted\r\nContent-Length: 7\r\nConnection: close\r\n\r\nqueued!")
+		rw.Flush()
+	}
+	resp, body := e.call("POST", "/v1/payments", "acme", pay, "h")
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	assert.Equal(t, "queued!", body)
+	// The client has its answer before the middleware stores the outcome.
+	o := <-seen
+	assert.Equal(t, idemhttp.OutcomeHijacked, o.Outcome)
+	assert.Zero(t, o.Status)
+
+	resp, body = e.call("POST", "/v1/payments", "acme", pay, "h")
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	assert.Equal(t, idemhttp.CodeOutcomePending, problem(t, resp, body).Code)
+	assert.Empty(t, resp.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
 func TestClientDisconnectDoesNotCancelTheHandler(t *testing.T) {

@@ -1,8 +1,10 @@
 package idemhttp
 
 import (
+	"bufio"
 	"bytes"
 	"maps"
+	"net"
 	"net/http"
 	"strconv"
 )
@@ -15,8 +17,9 @@ import (
 // of a chunked body, which net/http writes after the handler returns. So a
 // client never reads a whole response that its retry could not get back.
 // It is the only ResponseWriter wrapper: Unwrap lets
-// http.NewResponseController reach the connection's deadlines and
-// hijacking.
+// http.NewResponseController reach the connection's deadlines, and Hijack
+// is its own, so that the middleware knows when the handler answered
+// where the recorder cannot see.
 type recorder struct {
 	w         http.ResponseWriter
 	status    int
@@ -25,6 +28,7 @@ type recorder struct {
 	length    int64       // the declared Content-Length, or -1
 	body      bytes.Buffer
 	streaming bool // the handler flushed
+	hijacked  bool // the handler took the connection
 	out       int  // bytes of body the client was given
 }
 
@@ -86,6 +90,17 @@ func (r *recorder) Flush() {
 }
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.w }
+
+// Hijack hands the connection to the handler. Whatever it then sends goes
+// around the recorder, so its outcome is stored as unknown: a response the
+// recorder never saw must not be replayed as if it were the answer.
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(r.w).Hijack()
+	if err == nil {
+		r.hijacked = true
+	}
+	return conn, rw, err
+}
 
 // writeStatus writes the status with the header as it was when the handler
 // wrote it: later changes are ignored, as net/http ignores them.
