@@ -407,7 +407,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	// A client that disconnects must not cancel the operation: its retry
 	// should find the finished result, not a half-done one.
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), ctxKey{}, out)
-	rec := &recorder{w: w}
+	rec := &recorder{w: w, outer: w.Header().Clone()}
 	storeCtx := context.WithoutCancel(r.Context())
 	returned := false
 	defer func() {

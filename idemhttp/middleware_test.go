@@ -445,6 +445,57 @@ func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
 	assert.Equal(t, http.StatusInternalServerError, seen[0].Status)
 }
 
+// TestReplayKeepsTheRetrysOwnHeaders: headers that layers around the
+// middleware set for one request (its ID, the CORS answer for its origin)
+// are not the stored response; a retry carries its own. What the handler
+// set, including a field it changed from the outer layer's value, is
+// replayed.
+func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
+	require.NoError(t, err)
+	a := &app{}
+	inner := mw(a)
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n.Add(1)))
+		w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
+		w.Header().Set("Cache-Control", "no-cache")
+		inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	a.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "private")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"pay_1"}`)
+	}
+	post := func(origin string) *http.Response {
+		req, err := http.NewRequest("POST", srv.URL+"/v1/payments", strings.NewReader(pay))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer acme")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "rid")
+		req.Header.Set("Origin", origin)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	first := post("https://a.example")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	assert.Equal(t, "req-1", first.Header.Get("X-Request-Id"))
+
+	again := post("https://b.example")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "req-2", again.Header.Get("X-Request-Id"))
+	assert.Equal(t, "https://b.example", again.Header.Get("Access-Control-Allow-Origin"))
+	assert.Equal(t, "private", again.Header.Get("Cache-Control"), "the handler's own value")
+	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
+	assert.Equal(t, int64(1), a.runs.Load())
+}
+
 // TestGoexitRecordsUnknown: a handler that ends its goroutine instead of
 // returning (runtime.Goexit, as t.FailNow does) may have done anything, as
 // after a panic, and recover sees no value.

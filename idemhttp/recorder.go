@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 )
 
@@ -21,7 +22,12 @@ import (
 // is its own, so that the middleware knows when the handler answered
 // where the recorder cannot see.
 type recorder struct {
-	w         http.ResponseWriter
+	w http.ResponseWriter
+	// outer is the header as the handler found it, holding what the
+	// layers around the middleware set for this one request (a request
+	// ID, a CORS answer for its origin). They set their own again on a
+	// retry, so only the fields the handler added or changed are stored.
+	outer     http.Header
 	status    int
 	header    http.Header // what the handler had set when it wrote the status
 	sent      http.Header // the same, every field, to put back when it is sent
@@ -50,7 +56,7 @@ func (r *recorder) WriteHeader(status int) {
 		r.w.Header().Set(headerKey, vs[0])
 	}
 	r.status = status
-	r.header = storableHeader(r.w.Header())
+	r.header = storableHeader(r.w.Header(), r.outer)
 	r.sent = r.w.Header().Clone()
 	r.length = -1
 	// Most handlers leave the length to net/http; parsing "" would build
@@ -141,7 +147,7 @@ func (r *recorder) send() int {
 // response is what the recorder saw, as it is stored.
 func (r *recorder) response() (status int, header http.Header, body []byte) {
 	if r.status == 0 {
-		return http.StatusOK, storableHeader(r.w.Header()), nil
+		return http.StatusOK, storableHeader(r.w.Header(), r.outer), nil
 	}
 	return r.status, r.header, r.body.Bytes()
 }
@@ -155,11 +161,13 @@ var hopByHop = map[string]bool{
 	headerKey: true, headerReplayed: true, headerBodyOmitted: true,
 }
 
-// storableHeader copies the headers worth replaying.
-func storableHeader(h http.Header) http.Header {
+// storableHeader copies the headers worth replaying: those of h that are
+// not hop-by-hop and differ from outer. A field the handler deleted from
+// outer cannot be told apart from one never set, and is not stored.
+func storableHeader(h, outer http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, vs := range h {
-		if hopByHop[k] {
+		if hopByHop[k] || slices.Equal(vs, outer[k]) {
 			continue
 		}
 		out[k] = append([]string(nil), vs...)
