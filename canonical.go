@@ -175,6 +175,12 @@ type Request struct {
 	// canonicalized as JSON, application/x-www-form-urlencoded as sorted
 	// decoded pairs, anything else is hashed as raw bytes.
 	ContentType string
+	// ContentEncoding is the request's Content-Encoding header: the
+	// codings applied to Body, in order. idem does not decode them, so a
+	// body with any coding but identity is hashed as the bytes that
+	// arrived, whatever its media type, and its codings are hashed with
+	// it. Empty, or only identity, changes nothing.
+	ContentEncoding string
 	// Body is the request body. An empty body is hashed as empty, whatever
 	// the media type: it is a valid request, distinct from "{}" or "null".
 	Body []byte
@@ -230,7 +236,14 @@ func (r *Request) appendEncoding(dst []byte, o *CanonicalOptions) ([]byte, error
 	dst = appendField(dst, r.Method)
 	dst = appendField(dst, r.Path)
 	dst = appendField(dst, r.Tenant)
-	dst = appendField(dst, mediaType(r.ContentType))
+	// The codings go in the media type's field, after a ';' that no media
+	// type keeps, so that a request without codings hashes as it always
+	// did and none with codings can hash like one without.
+	mt := mediaType(r.ContentType)
+	if c := codings(r.ContentEncoding); c != "" {
+		mt += ";" + c
+	}
+	dst = appendField(dst, mt)
 	// The body's length is known only once it is canonical: reserve it.
 	at := len(dst)
 	dst = binary.BigEndian.AppendUint64(dst, 0)
@@ -261,6 +274,8 @@ func (r *Request) appendBody(dst []byte, o *CanonicalOptions) ([]byte, error) {
 	}
 	var err error
 	switch mt := mediaType(r.ContentType); {
+	case codings(r.ContentEncoding) != "":
+		dst = append(dst, r.Body...)
 	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
 		co := o.internal()
 		dst, err = canon.Append(dst, r.Body, &co)
@@ -270,6 +285,21 @@ func (r *Request) appendBody(dst []byte, o *CanonicalOptions) ([]byte, error) {
 		dst = append(dst, r.Body...)
 	}
 	return dst, bodyError(err)
+}
+
+// codings reduces a Content-Encoding header to its codings, lower-cased,
+// comma-separated and without identity: "GZip, identity" is "gzip".
+func codings(contentEncoding string) string {
+	if contentEncoding == "" {
+		return ""
+	}
+	var out []string
+	for c := range strings.SplitSeq(contentEncoding, ",") {
+		if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+			out = append(out, c)
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 // mediaType reduces a Content-Type header to the part that names the

@@ -193,6 +193,35 @@ func TestFingerprintBodies(t *testing.T) {
 	assert.Empty(t, body)
 }
 
+// TestFingerprintContentEncoding: an encoded body is hashed as the bytes
+// that arrived, never parsed, with its codings; identity is no coding, so
+// a request that names it hashes as one that does not, which is how every
+// request without codings hashed before ContentEncoding existed.
+func TestFingerprintContentEncoding(t *testing.T) {
+	o := idem.CanonicalOptions{}
+	coded := func(body, coding string) idem.Request {
+		r := payment(body, "application/json")
+		r.ContentEncoding = coding
+		return r
+	}
+	gz := "\x1f\x8b\x08\x00 not JSON"
+	fp := fingerprint(t, coded(gz, "gzip"), o)
+	assert.Equal(t, fp, fingerprint(t, coded(gz, " GZip , identity"), o))
+	assert.NotEqual(t, fp, fingerprint(t, coded(gz, "br"), o))
+	assert.NotEqual(t, fp, fingerprint(t, coded(gz, "gzip, br"), o))
+	raw := payment(gz, "application/octet-stream")
+	rawGzip := raw
+	rawGzip.ContentEncoding = "gzip"
+	assert.NotEqual(t, fingerprint(t, raw, o), fingerprint(t, rawGzip, o), "the codings are hashed")
+
+	plain := fingerprint(t, payment(`{"b":2,"a":1}`, "application/json"), o)
+	assert.Equal(t, plain, fingerprint(t, coded(`{"a":1,"b":2}`, "identity"), o))
+	assert.NotEqual(t, plain, fingerprint(t, coded(`{"a":1,"b":2}`, "gzip"), o), "a coded body is not canonicalized")
+	body, err := coded(gz, "gzip").CanonicalBody(o)
+	require.NoError(t, err)
+	assert.Equal(t, gz, string(body))
+}
+
 func ExampleRequest_Fingerprint() {
 	o := idem.CanonicalOptions{Volatile: []string{"/client_ts"}}
 	first := idem.Request{Method: "POST", Path: "/v1/payments", Tenant: "acme",

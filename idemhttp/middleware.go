@@ -325,7 +325,8 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	}
 	co := m.opts.Canonical
 	co.MaxBytes = int(max(m.opts.MaxRequestBytes, 1))
-	fp, err := idem.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"), Body: body}.Fingerprint(co)
+	fp, err := idem.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
+		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ","), Body: body}.Fingerprint(co)
 	if err != nil {
 		p := Problem{Status: http.StatusBadRequest, Code: CodeBodyInvalid, Detail: err.Error()}
 		var be *idem.BodyError

@@ -2,6 +2,8 @@ package idemhttp_test
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -494,6 +496,58 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 	assert.Equal(t, "private", again.Header.Get("Cache-Control"), "the handler's own value")
 	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
 	assert.Equal(t, int64(1), a.runs.Load())
+}
+
+// TestEncodedBodyIsHashedAsSent: a compressed JSON body is not JSON text.
+// The middleware hashes the bytes as they came, with their coding, and
+// hands them to the handler unchanged; it never answers 400 for a body
+// the handler can read.
+func TestEncodedBodyIsHashedAsSent(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		zr, err := gzip.NewReader(r.Body)
+		if !assert.NoError(t, err) {
+			return
+		}
+		b, err := io.ReadAll(zr)
+		assert.NoError(t, err)
+		w.WriteHeader(http.StatusCreated)
+		w.Write(b)
+	}
+	gzipped := func(s string) string {
+		var b bytes.Buffer
+		zw := gzip.NewWriter(&b)
+		io.WriteString(zw, s)
+		require.NoError(t, zw.Close())
+		return b.String()
+	}
+	post := func(body string) (*http.Response, string) {
+		req, err := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer acme")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", "gzip")
+		req.Header.Set("Idempotency-Key", "gz")
+		resp, err := e.srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp, string(b)
+	}
+	first := gzipped(pay)
+	resp, body := post(first)
+	require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+	assert.Equal(t, pay, body)
+
+	resp, body = post(first)
+	assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, pay, body)
+
+	resp, body = post(gzipped(`{"amount":1}`))
+	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+	assert.Equal(t, idemhttp.CodeKeyReuse, problem(t, resp, body).Code)
+	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
 // TestGoexitRecordsUnknown: a handler that ends its goroutine instead of

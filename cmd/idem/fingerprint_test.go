@@ -45,6 +45,13 @@ func TestFingerprintRawAndForm(t *testing.T) {
 	a, b := runIdem(t, "hello", raw...), runIdem(t, "hello ", raw...)
 	require.Equal(t, 0, a.code, a.stderr)
 	assert.NotEqual(t, a.stdout, b.stdout)
+
+	// An encoded JSON body is hashed as sent, not parsed.
+	gz := "\x1f\x8b\x08 still compressed"
+	assert.Equal(t, 1, runIdem(t, gz, base...).code)
+	coded := runIdem(t, gz, append(base, "--content-encoding", "gzip", "--show-body")...)
+	require.Equal(t, 0, coded.code, coded.stderr)
+	assert.True(t, strings.HasSuffix(coded.stdout, "\n"+gz+"\n"), coded.stdout)
 }
 
 func TestFingerprintFailures(t *testing.T) {
