@@ -550,6 +550,30 @@ func TestEncodedBodyIsHashedAsSent(t *testing.T) {
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
+// TestTrailersAreSentAndReplayed: trailers, declared before the status or
+// named with http.TrailerPrefix, are set after the body; they reach the
+// first client and are part of what a retry gets back.
+func TestTrailersAreSentAndReplayed(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "paid")
+		w.Header().Set("X-Checksum", "abc123")
+		w.Header().Set(http.TrailerPrefix+"X-Late", "zz")
+	}
+	for i, want := range []string{"", "true"} {
+		resp, body := e.call("POST", "/v1/payments", "acme", pay, "tr")
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, want, resp.Header.Get("Idempotent-Replayed"), "call %d", i)
+		assert.Equal(t, "paid", body)
+		assert.Equal(t, "abc123", resp.Trailer.Get("X-Checksum"), "call %d", i)
+		assert.Equal(t, "zz", resp.Trailer.Get("X-Late"), "call %d", i)
+		assert.Empty(t, resp.Header.Get("X-Checksum"), "a trailer is not a header")
+	}
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}
+
 // TestGoexitRecordsUnknown: a handler that ends its goroutine instead of
 // returning (runtime.Goexit, as t.FailNow does) may have done anything, as
 // after a panic, and recover sees no value.

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // recorder holds a handler's response and keeps a copy to store. The
@@ -138,7 +139,11 @@ func (r *recorder) send() int {
 		return http.StatusOK
 	}
 	if !r.streaming {
+		// writeStatus puts back the header as it was at the status, which
+		// drops the trailers' values, set later.
+		tr := r.trailers()
 		r.writeStatus()
+		maps.Copy(r.w.Header(), tr)
 	}
 	r.pass(true)
 	return r.status
@@ -149,7 +154,32 @@ func (r *recorder) response() (status int, header http.Header, body []byte) {
 	if r.status == 0 {
 		return http.StatusOK, storableHeader(r.w.Header(), r.outer), nil
 	}
+	maps.Copy(r.header, r.trailers())
 	return r.status, r.header, r.body.Bytes()
+}
+
+// trailers returns the trailers the handler has set: the fields it
+// declared in a Trailer header before it wrote the status, and those it
+// named with http.TrailerPrefix. Every key carries the prefix, with which
+// net/http sends a field as a trailer whether or not it was declared, so
+// they can be stored with the header and replayed as they are.
+func (r *recorder) trailers() http.Header {
+	h := r.w.Header()
+	out := http.Header{}
+	for _, v := range r.sent.Values("Trailer") {
+		for name := range strings.SplitSeq(v, ",") {
+			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
+			if vs, ok := h[name]; ok && name != "" {
+				out[http.TrailerPrefix+name] = slices.Clone(vs)
+			}
+		}
+	}
+	for k, vs := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			out[k] = slices.Clone(vs)
+		}
+	}
+	return out
 }
 
 // hopByHop are the headers that describe one connection, not the response
