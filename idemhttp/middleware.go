@@ -179,7 +179,15 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	m := &middleware{opts: o, headers: canonicalNames(append([]string{o.Header}, o.Aliases...)), methods: map[string]bool{}}
+	names := append([]string{o.Header}, o.Aliases...)
+	m := &middleware{opts: o, headers: canonicalNames(names), methods: map[string]bool{}}
+	// Two spellings of one header would make every key arrive twice, and
+	// every request a 400 for a duplicate key.
+	for i, n := range m.headers {
+		if j := slices.Index(m.headers, n); j < i {
+			bad("Options.Aliases: %q is the same header as %q", names[i], names[j])
+		}
+	}
 	for _, meth := range o.Methods {
 		if meth != strings.ToUpper(meth) || meth == "" {
 			bad("Options.Methods: %q is not an upper-case method", meth)

@@ -574,6 +574,27 @@ func TestTrailersAreSentAndReplayed(t *testing.T) {
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
+// TestWritesPastTheDeclaredLengthAreRefused: net/http refuses a write
+// that would pass the Content-Length the handler declared, so the first
+// client never gets it; neither does a retry.
+func TestWritesPastTheDeclaredLengthAreRefused(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "4")
+		w.WriteHeader(http.StatusCreated)
+		_, err := io.WriteString(w, "paid")
+		assert.NoError(t, err)
+		_, err = io.WriteString(w, "!")
+		assert.ErrorIs(t, err, http.ErrContentLength)
+	}
+	for range 2 {
+		resp, body := e.call("POST", "/v1/payments", "acme", pay, "cl")
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, "paid", body)
+	}
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}
+
 // TestGoexitRecordsUnknown: a handler that ends its goroutine instead of
 // returning (runtime.Goexit, as t.FailNow does) may have done anything, as
 // after a panic, and recover sees no value.
@@ -730,8 +751,11 @@ func TestOptionsValidation(t *testing.T) {
 		Store: db, Tenant: bearer, Methods: []string{"post"}, KeyAlphabet: "ab c", MaxKeyLength: 300,
 		Wait: -1, MismatchStatus: 500, TTL: map[string]time.Duration{"POST /x": time.Second},
 		Canonical: idem.CanonicalOptions{Volatile: []string{"no-slash"}},
+		Aliases:   []string{"X-Idempotency-Key", "idempotency-key"},
 	})
 	require.Error(t, err)
+	assert.Contains(t, err.Error(), `Options.Aliases: "idempotency-key" is the same header as "Idempotency-Key"`)
+	assert.NotContains(t, err.Error(), "X-Idempotency-Key")
 	for _, want := range []string{"Methods", "KeyAlphabet", "MaxKeyLength", "Wait", "MismatchStatus", `TTL["POST /x"]`, "Canonical"} {
 		assert.Contains(t, err.Error(), want)
 	}

@@ -36,6 +36,7 @@ type recorder struct {
 	body      bytes.Buffer
 	streaming bool // the handler flushed
 	hijacked  bool // the handler took the connection
+	overran   bool // the handler wrote past the declared length
 	out       int  // bytes of body the client was given
 }
 
@@ -72,6 +73,13 @@ func (r *recorder) WriteHeader(status int) {
 func (r *recorder) Write(p []byte) (int, error) {
 	if r.status == 0 {
 		r.WriteHeader(http.StatusOK)
+	}
+	// net/http refuses a write that would pass a declared Content-Length,
+	// and every write after it; so does the recorder, so that a replay
+	// holds what the first client got.
+	if r.length >= 0 && (r.overran || int64(r.body.Len())+int64(len(p)) > r.length) {
+		r.overran = true
+		return 0, http.ErrContentLength
 	}
 	// A client that went away must not stop the recording: the retry it
 	// sends next should find the whole response.
