@@ -314,12 +314,12 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), idem.MaxEndpointBytes)}, 0)
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
-	if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-		// An outer http.MaxBytesReader has a lower cap than ours.
-		return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: CodePayloadTooLarge,
-			Detail: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit)}, 0)
-	}
 	if err != nil {
+		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+			// An outer http.MaxBytesReader has a lower cap than ours.
+			return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: CodePayloadTooLarge,
+				Detail: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit)}, 0)
+		}
 		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeBodyInvalid, Detail: "reading the request body: " + err.Error()}, 0)
 	}
 	if int64(len(body)) > m.opts.MaxRequestBytes {

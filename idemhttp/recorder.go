@@ -173,18 +173,24 @@ func (r *recorder) response() (status int, header http.Header, body []byte) {
 // they can be stored with the header and replayed as they are.
 func (r *recorder) trailers() http.Header {
 	h := r.w.Header()
-	out := http.Header{}
+	var out http.Header // most responses have none
+	add := func(k string, vs []string) {
+		if out == nil {
+			out = http.Header{}
+		}
+		out[k] = slices.Clone(vs)
+	}
 	for _, v := range r.sent.Values("Trailer") {
 		for name := range strings.SplitSeq(v, ",") {
 			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
 			if vs, ok := h[name]; ok && name != "" {
-				out[http.TrailerPrefix+name] = slices.Clone(vs)
+				add(http.TrailerPrefix+name, vs)
 			}
 		}
 	}
 	for k, vs := range h {
 		if strings.HasPrefix(k, http.TrailerPrefix) {
-			out[k] = slices.Clone(vs)
+			add(k, vs)
 		}
 	}
 	return out
