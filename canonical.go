@@ -177,9 +177,9 @@ type Request struct {
 	ContentType string
 	// ContentEncoding is the request's Content-Encoding header: the
 	// codings applied to Body, in order. idem does not decode them, so a
-	// body with any coding but identity is hashed as the bytes that
-	// arrived, whatever its media type, and its codings are hashed with
-	// it. Empty, or only identity, changes nothing.
+	// JSON or form body with any coding but identity is hashed as the
+	// bytes that arrived, with its codings. Other types are hashed as
+	// bytes anyway, without them. Empty, or only identity, changes nothing.
 	ContentEncoding string
 	// Body is the request body. An empty body is hashed as empty, whatever
 	// the media type: it is a valid request, distinct from "{}" or "null".
@@ -236,11 +236,13 @@ func (r *Request) appendEncoding(dst []byte, o *CanonicalOptions) ([]byte, error
 	dst = appendField(dst, r.Method)
 	dst = appendField(dst, r.Path)
 	dst = appendField(dst, r.Tenant)
-	// The codings go in the media type's field, after a ';' that no media
-	// type keeps, so that a request without codings hashes as it always
-	// did and none with codings can hash like one without.
+	// A coded body of a type that is parsed (JSON, forms) is hashed raw, so
+	// its codings go in the media type's field, after a ';' that no media
+	// type keeps: it can never hash like the same type uncoded. Raw types
+	// were hashed as bytes, codings or not, before codings were read, and
+	// still are, so that keys stored then still match their retries.
 	mt := mediaType(r.ContentType)
-	if c := codings(r.ContentEncoding); c != "" {
+	if c := codings(r.ContentEncoding); c != "" && parsed(mt) {
 		mt += ";" + c
 	}
 	dst = appendField(dst, mt)
@@ -274,17 +276,21 @@ func (r *Request) appendBody(dst []byte, o *CanonicalOptions) ([]byte, error) {
 	}
 	var err error
 	switch mt := mediaType(r.ContentType); {
-	case codings(r.ContentEncoding) != "":
+	case codings(r.ContentEncoding) != "" || !parsed(mt):
 		dst = append(dst, r.Body...)
-	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
-		co := o.internal()
-		dst, err = canon.Append(dst, r.Body, &co)
 	case mt == "application/x-www-form-urlencoded":
 		dst, err = canon.AppendForm(dst, r.Body, maxBytes)
 	default:
-		dst = append(dst, r.Body...)
+		co := o.internal()
+		dst, err = canon.Append(dst, r.Body, &co)
 	}
 	return dst, bodyError(err)
+}
+
+// parsed reports whether bodies of media type mt are canonicalized rather
+// than hashed as bytes: JSON (and any +json type) and forms.
+func parsed(mt string) bool {
+	return mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "application/x-www-form-urlencoded"
 }
 
 // codings reduces a Content-Encoding header to its codings, lower-cased,
