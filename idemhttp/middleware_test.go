@@ -595,6 +595,52 @@ func TestWritesPastTheDeclaredLengthAreRefused(t *testing.T) {
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
+// TestReplayFramesTrailersAsTheFirstAnswer: the first answer and its
+// replay carry the same trailers and the same framing, whether the
+// trailers were set before the first flush, named only with the prefix on
+// a short body (which net/http would otherwise send with a length and no
+// trailers), or come with a declared length (then there are none).
+func TestReplayFramesTrailersAsTheFirstAnswer(t *testing.T) {
+	for name, h := range map[string]http.HandlerFunc{
+		"set before the first flush": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Trailer", "X-Checksum")
+			w.WriteHeader(http.StatusCreated)
+			w.Header().Set("X-Checksum", "abc123")
+			w.Header().Set(http.TrailerPrefix+"X-Early", "ee")
+			io.WriteString(w, "pa")
+			http.NewResponseController(w).Flush()
+			io.WriteString(w, "id")
+		},
+		"undeclared, short body": func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "paid")
+			w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
+		},
+		"declared length": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "4")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "paid")
+			w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := setup(t, idemhttp.Options{})
+			e.app.handler = h
+			first, body := e.call("POST", "/v1/payments", "acme", pay, "tf")
+			require.Equal(t, http.StatusCreated, first.StatusCode)
+			assert.Equal(t, "paid", body)
+			again, body := e.call("POST", "/v1/payments", "acme", pay, "tf")
+			require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+			assert.Equal(t, "paid", body)
+			assert.Equal(t, first.Trailer, again.Trailer)
+			assert.Equal(t, first.ContentLength, again.ContentLength)
+			if name != "declared length" {
+				assert.NotEmpty(t, first.Trailer, "the handler's trailers reach the client")
+			}
+		})
+	}
+}
+
 // TestGoexitRecordsUnknown: a handler that ends its goroutine instead of
 // returning (runtime.Goexit, as t.FailNow does) may have done anything, as
 // after a panic, and recover sees no value.

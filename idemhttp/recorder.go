@@ -118,12 +118,16 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 // writeStatus writes the status with the header as it was when the handler
-// wrote it: later changes are ignored, as net/http ignores them.
+// wrote it: later changes are ignored, as net/http ignores them, except
+// the trailers' values, which are set after the status by design and are
+// put back once it is written.
 func (r *recorder) writeStatus() {
 	h := r.w.Header()
+	tr := r.trailers(false)
 	clear(h)
 	maps.Copy(h, r.sent)
 	r.w.WriteHeader(r.status)
+	maps.Copy(h, tr)
 }
 
 // pass gives the client the body written so far; unless all is set, it
@@ -147,13 +151,15 @@ func (r *recorder) send() int {
 		return http.StatusOK
 	}
 	if !r.streaming {
-		// writeStatus puts back the header as it was at the status, which
-		// drops the trailers' values, set later.
-		tr := r.trailers()
 		r.writeStatus()
-		maps.Copy(r.w.Header(), tr)
 	}
 	r.pass(true)
+	if !r.streaming && r.length < 0 && r.trailers(false) != nil {
+		// net/http gives an answer that was never flushed a
+		// Content-Length, and then sends no trailers; flushed, it is
+		// chunked and they go out, as they do in its replay.
+		_ = http.NewResponseController(r.w).Flush()
+	}
 	return r.status
 }
 
@@ -162,16 +168,22 @@ func (r *recorder) response() (status int, header http.Header, body []byte) {
 	if r.status == 0 {
 		return http.StatusOK, storableHeader(r.w.Header(), r.outer), nil
 	}
-	maps.Copy(r.header, r.trailers())
+	if r.length < 0 {
+		// Over HTTP/1.1 an answer with a declared length has no trailers,
+		// so neither has its replay.
+		maps.Copy(r.header, r.trailers(true))
+	}
 	return r.status, r.header, r.body.Bytes()
 }
 
 // trailers returns the trailers the handler has set: the fields it
 // declared in a Trailer header before it wrote the status, and those it
-// named with http.TrailerPrefix. Every key carries the prefix, with which
-// net/http sends a field as a trailer whether or not it was declared, so
-// they can be stored with the header and replayed as they are.
-func (r *recorder) trailers() http.Header {
+// named with http.TrailerPrefix, or nil if none. With prefixed, every key
+// carries the prefix, with which net/http sends a field as a trailer
+// whether or not it was declared: that is how they are stored and
+// replayed. Without, each keeps the name it was set under, so that a
+// handler setting it again later replaces it.
+func (r *recorder) trailers(prefixed bool) http.Header {
 	h := r.w.Header()
 	var out http.Header // most responses have none
 	add := func(k string, vs []string) {
@@ -184,7 +196,10 @@ func (r *recorder) trailers() http.Header {
 		for name := range strings.SplitSeq(v, ",") {
 			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
 			if vs, ok := h[name]; ok && name != "" {
-				add(http.TrailerPrefix+name, vs)
+				if prefixed {
+					name = http.TrailerPrefix + name
+				}
+				add(name, vs)
 			}
 		}
 	}
