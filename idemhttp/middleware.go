@@ -394,7 +394,9 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) (result string, status int) {
 	h := w.Header()
 	for k, vs := range rec.Response.Header {
-		if !hopByHop[k] {
+		if name, added := strings.CutPrefix(k, appendPrefix); added {
+			h[name] = append(slices.Clip(h[name]), vs...)
+		} else if !hopByHop[k] {
 			h[k] = slices.Clone(vs)
 		}
 	}

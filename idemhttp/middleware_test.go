@@ -448,10 +448,10 @@ func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
 }
 
 // TestReplayKeepsTheRetrysOwnHeaders: headers that layers around the
-// middleware set for one request (its ID, the CORS answer for its origin)
-// are not the stored response; a retry carries its own. What the handler
-// set, including a field it changed from the outer layer's value, is
-// replayed.
+// middleware set for one request (its ID, the CORS answer for its origin,
+// a session cookie) are not the stored response; a retry carries its own.
+// What the handler set is replayed: a field it changed from the outer
+// layer's value replaces the retry's, values it added go beside them.
 func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 	db, _ := idemtest.Open(t, nil)
 	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
@@ -463,12 +463,14 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 		w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n.Add(1)))
 		w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
 		w.Header().Set("Cache-Control", "no-cache")
+		w.Header().Add("Set-Cookie", fmt.Sprintf("sid=s%d", n.Load()))
 		inner.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	a.handler = func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "private")
+		w.Header().Add("Set-Cookie", "receipt=pay_1")
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":"pay_1"}`)
 	}
@@ -494,6 +496,7 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 	assert.Equal(t, "req-2", again.Header.Get("X-Request-Id"))
 	assert.Equal(t, "https://b.example", again.Header.Get("Access-Control-Allow-Origin"))
 	assert.Equal(t, "private", again.Header.Get("Cache-Control"), "the handler's own value")
+	assert.Equal(t, []string{"sid=s2", "receipt=pay_1"}, again.Header.Values("Set-Cookie"), "the retry's session, the handler's cookie")
 	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
 	assert.Equal(t, int64(1), a.runs.Load())
 }

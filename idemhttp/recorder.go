@@ -220,16 +220,29 @@ var hopByHop = map[string]bool{
 	headerKey: true, headerReplayed: true, headerBodyOmitted: true,
 }
 
+// appendPrefix marks, in a stored header, the values a handler added to a
+// field after those an outer layer had set for its request (a cookie
+// beside the session's): a replay adds them to the retry's own values
+// instead of replacing those. Like http.TrailerPrefix, it holds a ':',
+// which no field name can.
+const appendPrefix = "Append:"
+
 // storableHeader copies the headers worth replaying: those of h that are
-// not hop-by-hop and differ from outer. A field the handler deleted from
-// outer cannot be told apart from one never set, and is not stored.
+// not hop-by-hop and differ from outer, and of a field the handler only
+// added to, the values it added. A field the handler deleted from outer,
+// or set to outer's value, cannot be told apart from one it left alone,
+// and is not stored.
 func storableHeader(h, outer http.Header) http.Header {
 	out := make(http.Header, len(h))
 	for k, vs := range h {
-		if hopByHop[k] || slices.Equal(vs, outer[k]) {
-			continue
+		was := outer[k]
+		switch {
+		case hopByHop[k] || slices.Equal(vs, was):
+		case len(was) > 0 && len(vs) > len(was) && slices.Equal(vs[:len(was)], was):
+			out[appendPrefix+k] = slices.Clone(vs[len(was):])
+		default:
+			out[k] = slices.Clone(vs)
 		}
-		out[k] = append([]string(nil), vs...)
 	}
 	return out
 }
