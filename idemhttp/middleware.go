@@ -403,6 +403,8 @@ func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) (result str
 	h.Set(headerReplayed, "true")
 	if rec.BodyOmitted {
 		h.Set(headerBodyOmitted, "true")
+		// The length declared was the body's, which is not sent.
+		h.Del("Content-Length")
 	}
 	w.WriteHeader(rec.Response.Status)
 	w.Write(rec.Response.Body)
@@ -418,7 +420,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	// A client that disconnects must not cancel the operation: its retry
 	// should find the finished result, not a half-done one.
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), ctxKey{}, out)
-	rec := &recorder{w: w, outer: w.Header().Clone()}
+	rec := &recorder{w: w, outer: w.Header().Clone(), h2: r.ProtoMajor >= 2}
 	storeCtx := context.WithoutCancel(r.Context())
 	returned := false
 	defer func() {

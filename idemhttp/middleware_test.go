@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -464,6 +465,7 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 		w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
 		w.Header().Set("Cache-Control", "no-cache")
 		w.Header().Add("Set-Cookie", fmt.Sprintf("sid=s%d", n.Load()))
+		w.Header().Set(http.TrailerPrefix+"X-Trace", fmt.Sprintf("t%d", n.Load()))
 		inner.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
@@ -497,6 +499,7 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 	assert.Equal(t, "https://b.example", again.Header.Get("Access-Control-Allow-Origin"))
 	assert.Equal(t, "private", again.Header.Get("Cache-Control"), "the handler's own value")
 	assert.Equal(t, []string{"sid=s2", "receipt=pay_1"}, again.Header.Values("Set-Cookie"), "the retry's session, the handler's cookie")
+	assert.Equal(t, "t2", again.Trailer.Get("X-Trace"), "the retry's own trailer")
 	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
 	assert.Equal(t, int64(1), a.runs.Load())
 }
@@ -625,6 +628,17 @@ func TestReplayFramesTrailersAsTheFirstAnswer(t *testing.T) {
 			io.WriteString(w, "paid")
 			w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
 		},
+		"declared length, trailer set before the status": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "4")
+			w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "paid")
+		},
+		"declared, never set": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Trailer", "X-Error")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "paid")
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := setup(t, idemhttp.Options{})
@@ -637,11 +651,68 @@ func TestReplayFramesTrailersAsTheFirstAnswer(t *testing.T) {
 			assert.Equal(t, "paid", body)
 			assert.Equal(t, first.Trailer, again.Trailer)
 			assert.Equal(t, first.ContentLength, again.ContentLength)
-			if name != "declared length" {
+			if !strings.HasPrefix(name, "declared length") {
 				assert.NotEmpty(t, first.Trailer, "the handler's trailers reach the client")
 			}
 		})
 	}
+}
+
+// TestReplayKeepsADeclaredLength: a length the handler declared frames
+// the replay as it framed the first answer, also past net/http's buffer,
+// where an undeclared one would be chunked. A body too large to store is
+// replayed without it, since the body is not sent.
+func TestReplayKeepsADeclaredLength(t *testing.T) {
+	db, _ := idemtest.Open(t, &idem.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
+	e := setup(t, idemhttp.Options{Store: db})
+	size := 4 << 10
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, strings.Repeat("x", size))
+	}
+	first, body := e.call("POST", "/v1/payments", "acme", pay, "cl")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	assert.Len(t, body, size)
+	again, body := e.call("POST", "/v1/payments", "acme", pay, "cl")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Len(t, body, size)
+	assert.Equal(t, int64(size), first.ContentLength)
+	assert.Equal(t, first.ContentLength, again.ContentLength)
+
+	size++ // over MaxBodyBytes: stored without its body
+	first, _ = e.call("POST", "/v1/payments", "acme", pay, "omitted")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	again, body = e.call("POST", "/v1/payments", "acme", pay, "omitted")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Body-Omitted"))
+	assert.Empty(t, body)
+	assert.Zero(t, again.ContentLength)
+}
+
+// TestHTTP2ReplaysTrailersBesideALength: HTTP/2 sends trailers whatever
+// the length, so its replay does too.
+func TestHTTP2ReplaysTrailersBesideALength(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
+	require.NoError(t, err)
+	srv := httptest.NewUnstartedServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "4")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "paid")
+		w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
+	})))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	e := &env{t: t, db: db, srv: srv}
+	first, body := e.call("POST", "/v1/payments", "acme", pay, "h2")
+	require.Equal(t, 2, first.ProtoMajor)
+	assert.Equal(t, "paid", body)
+	again, body := e.call("POST", "/v1/payments", "acme", pay, "h2")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "paid", body)
+	assert.Equal(t, "zz", first.Trailer.Get("X-Sum"))
+	assert.Equal(t, first.Trailer, again.Trailer)
 }
 
 // TestGoexitRecordsUnknown: a handler that ends its goroutine instead of

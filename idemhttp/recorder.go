@@ -36,6 +36,7 @@ type recorder struct {
 	body      bytes.Buffer
 	streaming bool // the handler flushed
 	hijacked  bool // the handler took the connection
+	h2        bool // HTTP/2 or later, which sends trailers beside a declared length
 	overran   bool // the handler wrote past the declared length
 	out       int  // bytes of body the client was given
 }
@@ -168,10 +169,19 @@ func (r *recorder) response() (status int, header http.Header, body []byte) {
 	if r.status == 0 {
 		return http.StatusOK, storableHeader(r.w.Header(), r.outer), nil
 	}
-	if r.length < 0 {
+	if r.length >= 0 && !r.h2 {
 		// Over HTTP/1.1 an answer with a declared length has no trailers,
-		// so neither has its replay.
-		maps.Copy(r.header, r.trailers(true))
+		// so neither has its replay, even one declared or set early.
+		maps.DeleteFunc(r.header, func(k string, _ []string) bool {
+			return k == "Trailer" || strings.HasPrefix(k, http.TrailerPrefix)
+		})
+	} else {
+		// Like the header, trailers that outer layers set are theirs.
+		for k, vs := range r.trailers(true) {
+			if !slices.Equal(vs, r.outer[k]) {
+				r.header[k] = vs
+			}
+		}
 	}
 	return r.status, r.header, r.body.Bytes()
 }
@@ -213,10 +223,11 @@ func (r *recorder) trailers(prefixed bool) http.Header {
 
 // hopByHop are the headers that describe one connection, not the response
 // (RFC 9110 section 7.6.1), plus those idemhttp sets on each answer itself.
+// A declared Content-Length and Trailer are kept: they frame the answer,
+// and a replay is framed as the first answer was.
 var hopByHop = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Content-Length": true, "Date": true,
+	"Proxy-Authorization": true, "Te": true, "Transfer-Encoding": true, "Upgrade": true, "Date": true,
 	headerKey: true, headerReplayed: true, headerBodyOmitted: true,
 }
 
