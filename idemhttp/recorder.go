@@ -121,14 +121,15 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // writeStatus writes the status with the header as it was when the handler
 // wrote it: later changes are ignored, as net/http ignores them, except
 // the trailers' values, which are set after the status by design and are
-// put back once it is written.
-func (r *recorder) writeStatus() {
+// put back once it is written. It returns those trailers, nil if none.
+func (r *recorder) writeStatus() http.Header {
 	h := r.w.Header()
 	tr := r.trailers(false)
 	clear(h)
 	maps.Copy(h, r.sent)
 	r.w.WriteHeader(r.status)
 	maps.Copy(h, tr)
+	return tr
 }
 
 // pass gives the client the body written so far; unless all is set, it
@@ -151,11 +152,12 @@ func (r *recorder) send() int {
 		// The handler wrote nothing: net/http answers 200 with no body.
 		return http.StatusOK
 	}
+	var tr http.Header
 	if !r.streaming {
-		r.writeStatus()
+		tr = r.writeStatus()
 	}
 	r.pass(true)
-	if !r.streaming && r.length < 0 && r.trailers(false) != nil {
+	if tr != nil && r.length < 0 {
 		// net/http gives an answer that was never flushed a
 		// Content-Length, and then sends no trailers; flushed, it is
 		// chunked and they go out, as they do in its replay.
