@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -93,9 +94,16 @@ func setup(t *testing.T, o idemhttp.Options) *env {
 // header) and returns the response with its body read.
 func (e *env) call(method, path, tenant, body string, keys ...string) (*http.Response, string) {
 	e.t.Helper()
+	return e.callWith(nil, method, path, tenant, body, keys...)
+}
+
+// callWith is call with extra request headers.
+func (e *env) callWith(extra http.Header, method, path, tenant, body string, keys ...string) (*http.Response, string) {
+	e.t.Helper()
 	req, err := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))
 	require.NoError(e.t, err)
 	req.Header.Set("Content-Type", "application/json")
+	maps.Copy(req.Header, extra)
 	if tenant != "" {
 		req.Header.Set("Authorization", "Bearer "+tenant)
 	}
@@ -476,17 +484,9 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":"pay_1"}`)
 	}
+	e := &env{t: t, db: db, app: a, srv: srv}
 	post := func(origin string) *http.Response {
-		req, err := http.NewRequest("POST", srv.URL+"/v1/payments", strings.NewReader(pay))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer acme")
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", "rid")
-		req.Header.Set("Origin", origin)
-		resp, err := srv.Client().Do(req)
-		require.NoError(t, err)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		resp, _ := e.callWith(http.Header{"Origin": {origin}}, "POST", "/v1/payments", "acme", pay, "rid")
 		return resp
 	}
 	first := post("https://a.example")
@@ -528,18 +528,7 @@ func TestEncodedBodyIsHashedAsSent(t *testing.T) {
 		return b.String()
 	}
 	post := func(body string) (*http.Response, string) {
-		req, err := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer acme")
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Content-Encoding", "gzip")
-		req.Header.Set("Idempotency-Key", "gz")
-		resp, err := e.srv.Client().Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp, string(b)
+		return e.callWith(http.Header{"Content-Encoding": {"gzip"}}, "POST", "/v1/payments", "acme", body, "gz")
 	}
 	first := gzipped(pay)
 	resp, body := post(first)
