@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -61,7 +62,7 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 			assert.Equal(t, fmt.Sprintf("winner %d", ws[0]), body, "replay of %s", key)
 		}
 	}
-	m, err := db.Metrics()
+	m, err := db.Metrics(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, int64(nkeys), m.Claims)
 	assert.Equal(t, int64(workers*nkeys-nkeys), m.Replays+m.Conflicts)

@@ -25,36 +25,8 @@ import (
 	"github.com/idemkv/idem/internal/keys"
 )
 
-// Scope names one idempotency key: the key is unique within a tenant and an
-// endpoint, never globally, so two tenants that pick the same key never meet.
-type Scope struct {
-	// Tenant is the authenticated caller. It may be empty for a service
-	// with a single tenant. At most MaxTenantBytes.
-	Tenant string
-	// Endpoint names the operation, e.g. "POST /v1/payments". At most
-	// MaxEndpointBytes.
-	Endpoint string
-	// Key is the client's idempotency key: 1 to MaxKeyBytes bytes.
-	Key string
-}
-
-// Validate reports whether s can be stored; the error matches
-// ErrInvalidScope.
-func (s Scope) Validate() error {
-	switch {
-	case s.Key == "":
-		return fmt.Errorf("%w: empty key", ErrInvalidScope)
-	case len(s.Key) > MaxKeyBytes:
-		return fmt.Errorf("%w: key is %d bytes, more than %d", ErrInvalidScope, len(s.Key), MaxKeyBytes)
-	case len(s.Tenant) > MaxTenantBytes:
-		return fmt.Errorf("%w: tenant is %d bytes, more than %d", ErrInvalidScope, len(s.Tenant), MaxTenantBytes)
-	case len(s.Endpoint) > MaxEndpointBytes:
-		return fmt.Errorf("%w: endpoint is %d bytes, more than %d", ErrInvalidScope, len(s.Endpoint), MaxEndpointBytes)
-	}
-	return nil
-}
-
-func (s Scope) recordKey() []byte {
+// recordKey is the Pebble key of s's record.
+func recordKey(s Scope) []byte {
 	return keys.AppendRecord(make([]byte, 0, 8+len(s.Tenant)+len(s.Endpoint)+len(s.Key)), s.Tenant, s.Endpoint, s.Key)
 }
 
@@ -376,7 +348,7 @@ func (db *DB) get(k []byte) ([]byte, io.Closer, error) {
 // readLocked returns the record stored under rk, or nil if there is none.
 // An expired record is returned too (live reports which): callers treat it
 // as absent but may need to clean up after it. The caller holds rk's stripe.
-func (db *DB) readLocked(rk []byte, now time.Time) (rec *Record, live bool, err error) {
+func (db *DB) readLocked(rk []byte, now time.Time) (rec *stored, live bool, err error) {
 	if !db.mayExist(db.hash(rk)) {
 		return nil, false, nil
 	}
@@ -395,31 +367,18 @@ func (db *DB) readLocked(rk []byte, now time.Time) (rec *Record, live bool, err 
 	return rec, now.Before(rec.ExpiresAt), nil
 }
 
-// Claim tries to take the key in s for an operation with fingerprint fp.
-//
-// The first caller of a fresh key (or of one whose record expired) wins:
-// Claim returns a Lease, and the claim is durable before Claim returns, so
-// the operation may run. A key already completed with the same fingerprint
-// returns its Record for replay. Otherwise Claim returns a *KeyError that
-// matches ErrInProgress (retry later), ErrFingerprintMismatch (permanent) or
-// ErrOutcomePending (an earlier attempt must be resolved first). Exactly one
-// of the lease, the record and the error is non-nil.
-func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint, opts ...ClaimOption) (*Lease, *Record, error) {
+// Claim tries to take the key in s for an operation with fingerprint fp,
+// as contract.Store.Claim says. The record's TTL is Options.TTL, or the
+// one Options.EndpointTTL gives s.Endpoint.
+func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (Lease, *Record, error) {
 	start := db.opts.Now()
 	if err := s.Validate(); err != nil {
-		return nil, nil, err
-	}
-	cfg := claimConfig{ttl: db.opts.ttlFor(s.Endpoint)}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if err := db.opts.checkTTL("claim TTL", cfg.ttl); err != nil {
 		return nil, nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	rk := s.recordKey()
+	rk := recordKey(s)
 	mu, err := db.begin(rk)
 	if err != nil {
 		return nil, nil, err
@@ -439,36 +398,23 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint, opts ...ClaimO
 	if err != nil {
 		return nil, nil, fmt.Errorf("idem: lease token: %w", err)
 	}
-	rec := &Record{
+	rec := &stored{Record: Record{
 		Scope:       s,
 		Fingerprint: fp,
 		State:       StateInProgress,
 		CreatedAt:   now,
 		UpdatedAt:   now,
-		ExpiresAt:   now.Add(cfg.ttl),
+		ExpiresAt:   now.Add(db.opts.ttlFor(s.Endpoint)),
 		LeaseUntil:  now.Add(db.opts.Lease),
 		Attempts:    1,
-		token:       token,
-	}
+	}, token: token}
 	v, err := db.writeLocked(rk, old, rec, nil)
 	if err != nil {
 		return nil, nil, err
 	}
 	db.stats.claims.Add(1)
-	db.event(EventClaimed, s, rec, start)
-	return &Lease{db: db, rk: rk, scope: s, rec: *rec, val: v, writes: mu.writes, start: start}, nil, nil
-}
-
-// A ClaimOption adjusts one claim.
-type ClaimOption func(*claimConfig)
-
-type claimConfig struct{ ttl time.Duration }
-
-// WithTTL sets the claimed record's TTL, overriding Options.TTL and
-// Options.EndpointTTL. The same rule applies: at least ten leases long,
-// or the claim fails with ErrInvalidOptions.
-func WithTTL(ttl time.Duration) ClaimOption {
-	return func(c *claimConfig) { c.ttl = ttl }
+	db.event(EventClaimed, s, &rec.Record, start)
+	return &lease{db: db, rk: rk, scope: s, rec: *rec, val: v, writes: mu.writes, start: start}, nil, nil
 }
 
 // Options returns the options the DB runs with, defaults filled in.
@@ -480,10 +426,10 @@ func (db *DB) Options() Options {
 
 // answerLocked decides what a claim of a live record gets; the claim
 // began at start.
-func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now, start time.Time) (*Record, error) {
+func (db *DB) answerLocked(rk []byte, s Scope, rec *stored, fp Fingerprint, now, start time.Time) (*Record, error) {
 	rec.Scope = s
 	refuse := func(event string, err error, retry time.Duration) error {
-		db.event(event, s, rec, start)
+		db.event(event, s, &rec.Record, start)
 		return &KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: s.Tenant, Endpoint: s.Endpoint}
 	}
 	if rec.Fingerprint != fp {
@@ -498,8 +444,8 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now,
 			return nil, err
 		}
 		db.stats.replays.Add(1)
-		db.event(EventReplayed, s, rec, start)
-		return rec, nil
+		db.event(EventReplayed, s, &rec.Record, start)
+		return &rec.Record, nil
 	case rec.State == StateInProgress && now.Before(rec.LeaseUntil):
 		db.stats.conflicts.Add(1)
 		return nil, refuse(EventConflict, ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
@@ -517,7 +463,7 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *Record, fp Fingerprint, now,
 //
 // Only the index entries that change are written: every memtable entry
 // costs a skiplist insert on the hot path.
-func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) ([]byte, error) {
+func (db *DB) writeLocked(rk []byte, old, rec *stored, body []byte) ([]byte, error) {
 	rec.chunks = uint32((len(body) + chunkBytes - 1) / chunkBytes)
 	v, err := rec.encode(make([]byte, 0, 256+len(rec.Response.Body)))
 	if err != nil {
@@ -527,14 +473,14 @@ func (db *DB) writeLocked(rk []byte, old, rec *Record, body []byte) ([]byte, err
 	h := db.hash(rk)
 	db.stripes[h%numStripes].writes++
 	db.filterAdd(h, old == nil)
-	xk, pk := indexKeys(rk, rec)
+	xk, pk := indexKeys(rk, &rec.Record)
 	var oldX, oldP []byte
 	if old != nil {
-		oldX, oldP = indexKeys(rk, old)
+		oldX, oldP = indexKeys(rk, &old.Record)
 	}
 	var pv []byte
 	if pk != nil {
-		pv = pendingValue(rec)
+		pv = pendingValue(&rec.Record)
 	}
 	return v, db.commits.commit(func(b *pebble.Batch) error {
 		w := batchOps{b: b}
@@ -615,16 +561,16 @@ func indexKeys(rk []byte, rec *Record) (xk, pk []byte) {
 }
 
 // deleteLocked durably removes rec and everything that belongs to it.
-func (db *DB) deleteLocked(rk []byte, rec *Record) error {
+func (db *DB) deleteLocked(rk []byte, rec *stored) error {
 	db.stripe(rk).writes++
 	return db.commits.commit(func(b *pebble.Batch) error { return deleteAll(b, rk, rec) })
 }
 
 // deleteAll adds to b the removal of rec, its index entries and its body
 // chunks.
-func deleteAll(b *pebble.Batch, rk []byte, rec *Record) error {
+func deleteAll(b *pebble.Batch, rk []byte, rec *stored) error {
 	w := batchOps{b: b}
-	xk, pk := indexKeys(rk, rec)
+	xk, pk := indexKeys(rk, &rec.Record)
 	w.delete(xk)
 	if pk != nil {
 		w.retirePending(pk)
@@ -652,7 +598,7 @@ func parsePendingValue(v []byte) (created time.Time, s State, ok bool) {
 
 // loadBody reads a completed record's overflow chunks into its response and
 // checks them against the stored digest.
-func (db *DB) loadBody(rk []byte, rec *Record) error {
+func (db *DB) loadBody(rk []byte, rec *stored) error {
 	if rec.chunks == 0 {
 		return nil
 	}
@@ -677,9 +623,7 @@ func (db *DB) loadBody(rk []byte, rec *Record) error {
 	return nil
 }
 
-// Get returns the live record for s, with its body, or an error matching
-// ErrNotFound. Expired records are not returned, even before the sweeper
-// removes them.
+// Get returns the live record for s, as contract.Store.Get says.
 func (db *DB) Get(ctx context.Context, s Scope) (*Record, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -687,7 +631,7 @@ func (db *DB) Get(ctx context.Context, s Scope) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rk := s.recordKey()
+	rk := recordKey(s)
 	// The stripe keeps Get from seeing a write whose sync is still running.
 	mu, err := db.begin(rk)
 	if err != nil {
@@ -707,7 +651,7 @@ func (db *DB) Get(ctx context.Context, s Scope) (*Record, error) {
 			return nil, err
 		}
 	}
-	return rec, nil
+	return &rec.Record, nil
 }
 
 // pebbleLogger keeps Pebble's chatter away from users: informational lines

@@ -59,10 +59,10 @@
 //
 // # Expiry
 //
-// Records expire after Options.TTL (per endpoint with Options.EndpointTTL,
-// per claim with WithTTL). Expired records read as absent at once; the
-// sweeper in package compaction deletes them with their index entries and
-// body chunks, then compacts the cleared spans so the disk shrinks again.
+// Records expire after Options.TTL (per endpoint with Options.EndpointTTL).
+// Expired records read as absent at once; the sweeper in package
+// compaction deletes them with their index entries and body chunks, then
+// compacts the cleared spans so the disk shrinks again.
 //
 // # Canonical requests
 //

@@ -13,14 +13,11 @@ import (
 // DecodeRecord exposes the value decoder to the fuzz target.
 var DecodeRecord = decodeRecord
 
-// EncodeRecord exposes the value encoder to round-trip tests.
-func EncodeRecord(r *Record) ([]byte, error) { return r.encode(nil) }
-
 // CheckConsistency walks every key family and reports the first broken
 // link between a record and its index entries or body chunks: what a crash
 // must never leave behind.
 func (db *DB) CheckConsistency() error {
-	records := map[string]*Record{}
+	records := map[string]*stored{}
 	seen := map[string]bool{}
 	err := db.scanFamily(keys.TagRecord, func(k, v []byte) error {
 		rec, err := decodeRecord(v)

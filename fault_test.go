@@ -360,7 +360,7 @@ func childStore(dir string, f *faults, keys ...string) *idem.DB {
 		if err != nil {
 			break
 		}
-		var l *idem.Lease
+		var l idem.Lease
 		if l, _, err = db.Claim(ctx, scope(k), fp("a")); err == nil {
 			err = l.Complete(ctx, paid)
 		}

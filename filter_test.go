@@ -106,7 +106,7 @@ func TestFilterKnowsRecordsStoredBeforeOpen(t *testing.T) {
 	// And it is in use: keys never stored mostly skip the read.
 	skipped := 0
 	for i := 1000; i < 2000; i++ {
-		if !db.mayExist(db.hash(filterScope(i).recordKey())) {
+		if !db.mayExist(db.hash(recordKey(filterScope(i)))) {
 			skipped++
 		}
 	}

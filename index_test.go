@@ -70,8 +70,8 @@ func runIndexSequence(t *testing.T, intn func(n int) int, steps int) {
 
 	scopes := []Scope{{Tenant: "a", Endpoint: "POST /x", Key: "k1"}, {Tenant: "a", Endpoint: "POST /x", Key: "k2"}, {Tenant: "b", Endpoint: "POST /x", Key: "k1"}}
 	prints := []Fingerprint{sha256.Sum256([]byte("one")), sha256.Sum256([]byte("two"))}
-	var leases []*Lease
-	lease := func() *Lease {
+	var leases []Lease
+	lease := func() Lease {
 		if len(leases) == 0 {
 			return nil
 		}
@@ -95,14 +95,14 @@ func runIndexSequence(t *testing.T, intn func(n int) int, steps int) {
 		switch op := intn(12); {
 		case op < 2:
 			what = "claim"
-			var l *Lease
+			var l Lease
 			l, _, err = db.Claim(ctx, scopes[intn(len(scopes))], prints[intn(len(prints))])
 			if l != nil {
 				leases = append(leases, l)
 			}
 		case op == 2:
 			what = "take over"
-			var l *Lease
+			var l Lease
 			l, err = db.TakeOver(ctx, scopes[intn(len(scopes))])
 			if l != nil {
 				leases = append(leases, l)

@@ -11,19 +11,9 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// Lease is the right to run one claimed operation and record its outcome.
-// Exactly one of Complete, Release, MarkUnknown or MarkFailed ends it;
-// Extend keeps it alive during a long operation. Each call checks that the
-// record is still this lease's: if a reconciler or an operator resolved or
-// took over the record, the call fails with ErrLeaseLost and changes
-// nothing.
-//
-// The context passed to each method is checked before any work starts. Pass
-// one that outlives the client's request: an outcome that is not recorded
-// leaves the record in progress until reconciliation.
-//
-// A Lease is safe for concurrent use, though its calls are serialized.
-type Lease struct {
+// lease is the embedded store's Lease: its calls check, under the
+// record's stripe, that the stored value is still the one it wrote.
+type lease struct {
 	db    *DB
 	rk    []byte
 	scope Scope
@@ -31,37 +21,27 @@ type Lease struct {
 	start time.Time // when the lease was granted, from Options.Now
 
 	mu     sync.Mutex
-	rec    Record // guarded by mu: the record as this lease last wrote it
+	rec    stored // guarded by mu: the record as this lease last wrote it
 	val    []byte // guarded by mu: rec's stored value
 	writes uint64 // guarded by mu: the stripe's write count after that write
 }
 
-// Record returns a copy of the record as this lease last wrote it; its
-// State is zero once the lease released the key.
-func (l *Lease) Record() Record {
+func (l *lease) Record() Record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.rec
+	return l.rec.Record
 }
 
-// Scope returns the scope the lease was claimed for.
-func (l *Lease) Scope() Scope { return l.scope }
+func (l *lease) Scope() Scope { return l.scope }
 
-// Until returns when the lease runs out unless extended.
-func (l *Lease) Until() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.rec.LeaseUntil
-}
-
-// Complete durably stores resp as the operation's outcome; every later
-// claim with the same fingerprint replays it. Bodies beyond
-// Options.MaxBodyBytes are not kept (Record.BodyOmitted).
-func (l *Lease) Complete(ctx context.Context, resp Response) error {
+// Complete keeps bodies up to Options.InlineBodyBytes inside the record,
+// larger ones up to Options.MaxBodyBytes in chunks beside it, and omits
+// larger ones.
+func (l *lease) Complete(ctx context.Context, resp Response) error {
 	if resp.Status < 100 || resp.Status > 999 {
 		return fmt.Errorf("%w: status %d is outside 100-999", ErrInvalidResponse, resp.Status)
 	}
-	return l.update(ctx, func(next *Record, now time.Time) []byte {
+	return l.update(ctx, func(next *stored, now time.Time) []byte {
 		body := resp.Body
 		next.State = StateCompleted
 		next.LeaseUntil = now
@@ -79,29 +59,20 @@ func (l *Lease) Complete(ctx context.Context, resp Response) error {
 	})
 }
 
-// Release deletes the claim: the operation provably did not commit, so the
-// key is free and a retry runs the operation again.
-func (l *Lease) Release(ctx context.Context) error {
+func (l *lease) Release(ctx context.Context) error {
 	return l.update(ctx, nil)
 }
 
-// MarkUnknown records that the operation may have taken effect but its
-// outcome is not known (a timeout after the request left, a crash in the
-// middle). Later claims get ErrOutcomePending until someone resolves it;
-// the operation is never run again blindly.
-func (l *Lease) MarkUnknown(ctx context.Context) error {
+func (l *lease) MarkUnknown(ctx context.Context) error {
 	return l.end(ctx, StateUnknown)
 }
 
-// MarkFailed records that the operation is known not to have taken effect
-// while keeping the key spent, for operations that must not simply be
-// retried. Later claims get ErrOutcomePending.
-func (l *Lease) MarkFailed(ctx context.Context) error {
+func (l *lease) MarkFailed(ctx context.Context) error {
 	return l.end(ctx, StateFailed)
 }
 
-func (l *Lease) end(ctx context.Context, s State) error {
-	return l.update(ctx, func(next *Record, now time.Time) []byte {
+func (l *lease) end(ctx context.Context, s State) error {
+	return l.update(ctx, func(next *stored, now time.Time) []byte {
 		next.State = s
 		next.LeaseUntil = now
 		return nil
@@ -109,8 +80,8 @@ func (l *Lease) end(ctx context.Context, s State) error {
 }
 
 // Extend pushes the lease's end to Options.Lease from now.
-func (l *Lease) Extend(ctx context.Context) error {
-	return l.update(ctx, func(next *Record, now time.Time) []byte {
+func (l *lease) Extend(ctx context.Context) error {
+	return l.update(ctx, func(next *stored, now time.Time) []byte {
 		next.LeaseUntil = now.Add(l.db.opts.Lease)
 		return nil
 	})
@@ -119,7 +90,7 @@ func (l *Lease) Extend(ctx context.Context) error {
 // update checks that the record is still this lease's and replaces it with
 // what change makes of a copy, or deletes it when change is nil. change
 // returns the overflow body to store in chunks, if any.
-func (l *Lease) update(ctx context.Context, change func(next *Record, now time.Time) []byte) error {
+func (l *lease) update(ctx context.Context, change func(next *stored, now time.Time) []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -153,7 +124,7 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 		}
 		db.stats.releases.Add(1)
 		db.waiting.wake(l.rk)
-		gone := *cur
+		gone := cur.Record
 		gone.State = 0 // the event reports the state after the transition
 		db.event(EventReleased, l.scope, &gone, l.start)
 		l.rec.State, l.val = 0, nil
@@ -173,13 +144,13 @@ func (l *Lease) update(ctx context.Context, change func(next *Record, now time.T
 	switch next.State {
 	case StateCompleted:
 		db.stats.completions.Add(1)
-		db.event(EventCompleted, l.scope, &next, l.start)
+		db.event(EventCompleted, l.scope, &next.Record, l.start)
 	case StateUnknown:
 		db.stats.unknowns.Add(1)
-		db.event(EventUnknown, l.scope, &next, l.start)
+		db.event(EventUnknown, l.scope, &next.Record, l.start)
 	case StateFailed:
 		db.stats.failures.Add(1)
-		db.event(EventFailed, l.scope, &next, l.start)
+		db.event(EventFailed, l.scope, &next.Record, l.start)
 	}
 	l.rec, l.val, l.writes = next, v, mu.writes
 	return nil

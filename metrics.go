@@ -20,54 +20,14 @@ type counters struct {
 	reconciled                                      atomic.Int64
 }
 
-// Metrics is a snapshot of a DB's counters and state. Counts of events are
-// since Open; counts of records are of what is stored now.
-type Metrics struct {
-	// Events since Open.
-	Claims      int64 // claims won: operations started
-	Replays     int64 // claims answered with a stored response
-	Conflicts   int64 // claims refused with ErrInProgress
-	Mismatches  int64 // claims refused with ErrFingerprintMismatch
-	Pending     int64 // claims refused with ErrOutcomePending
-	Completions int64
-	Releases    int64
-	Unknowns    int64 // leases ended with MarkUnknown
-	Failures    int64 // leases ended with MarkFailed
-	Reconciled  int64 // overdue records resolved by Options.Reconcile
-
-	// Stored records that are not completed.
-	InProgress       int64         // in progress, live lease or not
-	Overdue          int64         // in progress past their lease
-	OldestInProgress time.Duration // age of the oldest in-progress record
-	UnknownRecords   int64
-	FailedRecords    int64
-
-	// Expired counts the records past their TTL that the sweeper has not
-	// deleted yet. Reads already treat them as absent.
-	Expired int64
-
-	// Expiry since Open.
-	Swept          int64 // expired records deleted
-	BytesReclaimed int64 // their size, body chunks included
-	Compactions    int64 // compactions the sweeper ran on swept spans
-
-	// Group commit since Open: Commits/Syncs is how many writes share one
-	// WAL sync on average.
-	Commits int64
-	Syncs   int64
-
-	// Pebble.
-	DiskBytes         uint64 // everything the store occupies on disk
-	PebbleCompactions int64  // all compactions, automatic ones included
-	PebbleFlushes     int64
-	ReadAmp           int // sstables a read may have to visit
-}
-
-// Metrics returns a snapshot. Its cost grows with the number of records
-// that are not completed or have expired unswept (it reads the pending
-// index and the due part of the expiry index), not with the size of the
-// store.
-func (db *DB) Metrics() (Metrics, error) {
+// Metrics returns a snapshot of the contract's counters and Pebble's own
+// figures. Its cost grows with the number of records that are not
+// completed or have expired unswept (it reads the pending index and the
+// due part of the expiry index), not with the size of the store.
+func (db *DB) Metrics(ctx context.Context) (Metrics, error) {
+	if err := ctx.Err(); err != nil {
+		return Metrics{}, err
+	}
 	if err := db.enter(); err != nil {
 		return Metrics{}, err
 	}
@@ -78,10 +38,9 @@ func (db *DB) Metrics() (Metrics, error) {
 		Mismatches: s.mismatches.Load(), Pending: s.pending.Load(), Completions: s.completions.Load(),
 		Releases: s.releases.Load(), Unknowns: s.unknowns.Load(), Failures: s.failures.Load(),
 		Reconciled: s.reconciled.Load(),
-		Commits:    db.commits.commits.Load(), Syncs: db.commits.syncs.Load(),
 	}
 	sw := db.sweeper.Totals()
-	m.Swept, m.BytesReclaimed, m.Compactions = int64(sw.Records), sw.Bytes, int64(sw.Compactions)
+	m.Swept, m.BytesReclaimed = int64(sw.Records), sw.Bytes
 
 	now := db.now()
 	err := db.scanPending(time.Unix(0, 1<<63-1), func(e pendingEntry) bool {
@@ -106,12 +65,35 @@ func (db *DB) Metrics() (Metrics, error) {
 		return m, err
 	}
 	pm := db.pdb.Metrics()
-	m.DiskBytes = pm.DiskSpaceUsage()
-	m.PebbleCompactions = pm.Compact.Count
-	m.PebbleFlushes = pm.Flush.Count
-	m.ReadAmp = pm.ReadAmp()
+	m.Engine = []Figure{
+		{Name: FigureCommits, Help: "Writes committed through group commit.", Counter: true,
+			Value: float64(db.commits.commits.Load())},
+		{Name: FigureSyncs, Help: "WAL syncs behind those writes; commits divided by syncs is the batching factor.", Counter: true,
+			Value: float64(db.commits.syncs.Load())},
+		{Name: FigureSweepCompactions, Help: "Compactions the sweeper asked for over swept key spans.", Counter: true,
+			Value: float64(sw.Compactions)},
+		{Name: FigurePebbleCompactions, Help: "Compactions Pebble ran, automatic ones included.", Counter: true,
+			Value: float64(pm.Compact.Count)},
+		{Name: FigurePebbleFlushes, Help: "Memtable flushes Pebble ran.", Counter: true,
+			Value: float64(pm.Flush.Count)},
+		{Name: FigureDiskBytes, Help: "Space the store occupies on disk.",
+			Value: float64(pm.DiskSpaceUsage())},
+		{Name: FigureReadAmp, Help: "Sstables a read may have to visit.",
+			Value: float64(pm.ReadAmp())},
+	}
 	return m, nil
 }
+
+// The names of the embedded store's figures in Metrics.Engine.
+const (
+	FigureCommits           = "idem_commits_total"
+	FigureSyncs             = "idem_wal_syncs_total"
+	FigureSweepCompactions  = "idem_sweeper_compactions_total"
+	FigurePebbleCompactions = "idem_pebble_compactions_total"
+	FigurePebbleFlushes     = "idem_pebble_flushes_total"
+	FigureDiskBytes         = "idem_disk_usage_bytes"
+	FigureReadAmp           = "idem_read_amplification"
+)
 
 // countExpired counts the expiry-index entries due by now. Sweeps retire
 // the index spans they walk, so every entry left is a record still stored.

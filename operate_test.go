@@ -33,15 +33,15 @@ func collect(t *testing.T, db *idem.DB, f idem.Filter) []string {
 
 func TestRecordsFilters(t *testing.T) {
 	db, clock := idemtest.Open(t, &idem.Options{Lease: time.Minute, TTL: time.Hour})
-	put := func(s idem.Scope, end func(*idem.Lease)) {
+	put := func(s idem.Scope, end func(idem.Lease)) {
 		l := claim(t, db, s, fp("a"))
 		if end != nil {
 			end(l)
 		}
 		clock.Advance(time.Minute)
 	}
-	complete := func(l *idem.Lease) { require.NoError(t, l.Complete(ctx, paid)) }
-	unknown := func(l *idem.Lease) { require.NoError(t, l.MarkUnknown(ctx)) }
+	complete := func(l idem.Lease) { require.NoError(t, l.Complete(ctx, paid)) }
+	unknown := func(l idem.Lease) { require.NoError(t, l.MarkUnknown(ctx)) }
 	put(idem.Scope{Tenant: "a", Endpoint: "e1", Key: "old"}, complete)
 	put(idem.Scope{Tenant: "a", Endpoint: "e2", Key: "u"}, unknown)
 	put(idem.Scope{Tenant: "ab", Endpoint: "e1", Key: "other-tenant"}, complete)
@@ -77,12 +77,12 @@ func TestRecordsFilters(t *testing.T) {
 	clock.Advance(time.Hour - 4*time.Minute)
 	assert.Equal(t, []string{"no-tenant", "running", "other-tenant"}, collect(t, db, idem.Filter{}))
 	assert.Len(t, collect(t, db, idem.Filter{Expired: true}), 5)
-	m, err := db.Metrics()
+	m, err := db.Metrics(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), m.Expired)
 	_, err = db.Sweep(ctx)
 	require.NoError(t, err)
-	m, err = db.Metrics()
+	m, err = db.Metrics(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, m.Expired)
 	assert.Len(t, collect(t, db, idem.Filter{Expired: true}), 3)
@@ -160,7 +160,7 @@ func TestEventsOnePerTransition(t *testing.T) {
 	var buf bytes.Buffer
 	events := slog.New(slog.NewTextHandler(&buf, nil))
 	db, clock := idemtest.Open(t, &idem.Options{Events: events, Lease: time.Minute, TTL: time.Hour,
-		Reconcile: func(ctx context.Context, l *idem.Lease) error { return l.Complete(ctx, paid) }})
+		Reconcile: func(ctx context.Context, l idem.Lease) error { return l.Complete(ctx, paid) }})
 	const secret = "sk-very-secret-key-0001"
 	s := idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: secret}
 
@@ -272,7 +272,7 @@ func TestCompactReclaimsNow(t *testing.T) {
 		require.NoError(t, db.Close())
 		db, err = idem.Open(dir, opts)
 		require.NoError(t, err)
-		m, err := db.Metrics()
+		m, err := db.Metrics(context.Background())
 		require.NoError(t, err)
 		return m
 	}
@@ -297,8 +297,8 @@ func TestCompactReclaimsNow(t *testing.T) {
 	}
 	after := reopen()
 	assert.Zero(t, after.Expired)
-	t.Logf("disk usage %d -> %d bytes", before.DiskBytes, after.DiskBytes)
-	assert.Less(t, after.DiskBytes, before.DiskBytes/4, "the space of 300 expired records left the disk")
+	t.Logf("disk usage %.0f -> %.0f bytes", figure(t, before, idem.FigureDiskBytes), figure(t, after, idem.FigureDiskBytes))
+	assert.Less(t, figure(t, after, idem.FigureDiskBytes), figure(t, before, idem.FigureDiskBytes)/4, "the space of 300 expired records left the disk")
 }
 
 func TestCompactOnClosedDB(t *testing.T) {

@@ -11,13 +11,6 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
-// Limits on the parts of a Scope, checked before anything is written.
-const (
-	MaxTenantBytes   = 255
-	MaxEndpointBytes = 1024
-	MaxKeyBytes      = 255
-)
-
 // minTTLLeases is how many leases a TTL must span at least: a record must
 // outlive every retry of an operation, and an operation may hold its lease
 // for a while, so a TTL close to the lease would let a key expire under a
@@ -58,7 +51,7 @@ type Options struct {
 	// it. Returning without resolving leaves the record for the next pass.
 	// It must never invent a success. Default: none; overdue records are
 	// counted and logged.
-	Reconcile func(ctx context.Context, l *Lease) error
+	Reconcile func(ctx context.Context, l Lease) error
 
 	// SweepInterval is how often the background loop removes expired
 	// records and hands overdue claims to Reconcile. Negative disables the

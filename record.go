@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -15,82 +14,10 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// State is where a record stands in the claim lifecycle. The zero value means
-// that no record exists.
-type State uint8
-
-// The states of a record. Only StateCompleted is ever replayed.
-const (
-	// StateInProgress: a caller holds the lease and the operation may be
-	// running now.
-	StateInProgress State = iota + 1
-	// StateCompleted: the response is stored and every repeat replays it.
-	StateCompleted
-	// StateFailed: the operation is known not to have taken effect, but the
-	// key stays spent until an operator or the TTL frees it.
-	StateFailed
-	// StateUnknown: the operation may have taken effect; a person or a
-	// reconciler must find out before anything else happens to the key.
-	StateUnknown
-)
-
-var stateNames = [...]string{"none", "in_progress", "completed", "failed", "unknown"}
-
-// String returns the state's name as the reference schema spells it
-// (in_progress, completed, failed, unknown), or "none" for the zero value.
-func (s State) String() string {
-	if int(s) < len(stateNames) {
-		return stateNames[s]
-	}
-	return fmt.Sprintf("state(%d)", uint8(s))
-}
-
-// ParseState is the inverse of State.String for the four real states.
-func ParseState(name string) (State, error) {
-	for i, n := range stateNames[1:] {
-		if n == name {
-			return State(i + 1), nil
-		}
-	}
-	return 0, fmt.Errorf("idem: unknown state %q", name)
-}
-
-// Response is what a completed operation answered, kept for replay.
-type Response struct {
-	// Status is the HTTP status code, 100 to 999.
-	Status int
-	// Header holds the response headers to replay. A nil map stores none.
-	Header http.Header
-	// Body is the response body. Bodies longer than Options.MaxBodyBytes are
-	// not stored; see Record.BodyOmitted.
-	Body []byte
-}
-
-// Record is one stored idempotency record. Records returned by the DB are
-// copies that the caller owns.
-type Record struct {
-	Scope       Scope
-	Fingerprint Fingerprint
-	State       State
-	// Response is set for completed records.
-	Response Response
-	// BodyOmitted reports whether the response body was too large to keep;
-	// BodyLen and BodyDigest still describe it.
-	BodyOmitted bool
-	// BodyLen and BodyDigest (SHA-256) describe the response body as it was
-	// produced, whether or not it was kept.
-	BodyLen    int64
-	BodyDigest [32]byte
-	CreatedAt  time.Time
-	UpdatedAt  time.Time
-	ExpiresAt  time.Time
-	// LeaseUntil is when the current holder's lease runs out (in progress),
-	// or when the record left that state.
-	LeaseUntil time.Time
-	// Attempts counts the leases granted on this record: 1 for the first
-	// claim, plus one for each takeover by a reconciler or an operator.
-	Attempts uint32
-
+// stored is a Record as the embedded store keeps it, with the fields that
+// only the store reads.
+type stored struct {
+	Record
 	token     [16]byte
 	chunks    uint32 // overflow body chunks stored under 'b'
 	storedLen int64  // length of the stored value, for the sweeper's byte count
@@ -129,19 +56,19 @@ const (
 // compressed inline body may claim to expand to.
 const maxInlineBodyBytes = 16 << 20
 
-// ErrCorrupt reports a stored value that cannot be decoded.
-var errCorrupt = errors.New("idem: corrupt record")
+// errCorrupt reports a stored value that cannot be decoded.
+var errCorrupt = ErrCorrupt
 
 // encode appends r's value encoding to dst. Encoding into memory cannot
 // fail, so the errors are joined rather than checked one by one.
-func (r *Record) encode(dst []byte) ([]byte, error) {
+func (r *stored) encode(dst []byte) ([]byte, error) {
 	body, codec := r.Response.Body, codecRaw
 	if len(body) >= minCompressBytes && r.wholeInline(len(body)) {
 		// The compressed body is copied into dst below, so its buffer goes
 		// back to the pool: every completion would otherwise allocate one
 		// as large as its body.
-		scratch := encodingPool.Get().(*[]byte)
-		defer putEncoding(scratch)
+		scratch := compressPool.Get().(*[]byte)
+		defer putCompress(scratch)
 		if n := s2.MaxEncodedLen(len(body)); cap(*scratch) < n {
 			*scratch = make([]byte, n)
 		}
@@ -209,12 +136,12 @@ func peekHeader(v []byte) (State, int64, error) {
 
 // decodeRecord decodes a stored value. It never panics on arbitrary input and
 // copies everything it keeps, so v may be reused afterwards.
-func decodeRecord(v []byte) (*Record, error) {
+func decodeRecord(v []byte) (*stored, error) {
 	state, exp, err := peekHeader(v)
 	if err != nil {
 		return nil, err
 	}
-	r := &Record{State: state, ExpiresAt: time.Unix(0, exp)}
+	r := &stored{Record: Record{State: state, ExpiresAt: time.Unix(0, exp)}}
 	d := decoders.Get().(*recordDecoder)
 	defer d.release()
 	d.rd.Reset(v[headerLen:])
@@ -267,13 +194,13 @@ func decodeRecord(v []byte) (*Record, error) {
 
 // wholeInline reports whether a body of n bytes is the whole response body
 // of r, kept inline: the only kind encode compresses and expand accepts.
-func (r *Record) wholeInline(n int) bool {
+func (r *stored) wholeInline(n int) bool {
 	return int64(n) == r.BodyLen && n <= maxInlineBodyBytes && r.chunks == 0 && !r.BodyOmitted
 }
 
 // expand decompresses the inline body c. The length it claims is checked
 // before anything that long is allocated.
-func (r *Record) expand(c []byte) ([]byte, error) {
+func (r *stored) expand(c []byte) ([]byte, error) {
 	n, err := s2.DecodedLen(c)
 	if err != nil || !r.wholeInline(n) {
 		return nil, errCorrupt
@@ -283,6 +210,16 @@ func (r *Record) expand(c []byte) ([]byte, error) {
 		return nil, errCorrupt
 	}
 	return body, nil
+}
+
+// compressPool holds buffers for compressing bodies: the compressed body is
+// copied into the value, so its buffer is used again.
+var compressPool = sync.Pool{New: func() any { return new([]byte) }}
+
+func putCompress(b *[]byte) {
+	if cap(*b) <= 1<<20 {
+		compressPool.Put(b)
+	}
 }
 
 // recordDecoder keeps a msgpack decoder with the reader it reads from, so

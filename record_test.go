@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func sampleRecord() *Record {
-	return &Record{
+func sampleRecord() *stored {
+	return &stored{Record: Record{
 		Fingerprint: Fingerprint{1, 2, 3},
 		State:       StateCompleted,
 		Response: Response{
@@ -33,13 +33,11 @@ func sampleRecord() *Record {
 		ExpiresAt:  time.Unix(0, 1_700_086_400_000_000_001),
 		LeaseUntil: time.Unix(0, 1_700_000_030_000_000_001),
 		Attempts:   2,
-		token:      [16]byte{9, 9},
-		chunks:     3,
-	}
+	}, token: [16]byte{9, 9}, chunks: 3}
 }
 
 func TestRecordRoundTrip(t *testing.T) {
-	for _, rec := range []*Record{sampleRecord(), {State: StateInProgress, Response: Response{}}} {
+	for _, rec := range []*stored{sampleRecord(), {Record: Record{State: StateInProgress}}} {
 		v, err := rec.encode(nil)
 		require.NoError(t, err)
 		got, err := decodeRecord(v)
@@ -105,7 +103,7 @@ func TestChunkedBodiesAreCompressedOnDisk(t *testing.T) {
 		l, _, err := db.Claim(ctx, filterScope(i), sha256.Sum256([]byte{byte(i)}))
 		require.NoError(t, err)
 		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: body}))
-		require.Positive(t, l.Record().chunks, "the body was not chunked")
+		require.Positive(t, l.(*lease).rec.chunks, "the body was not chunked")
 	}
 	require.NoError(t, db.FlushMemtable())
 	m := db.pdb.Metrics()
@@ -139,7 +137,7 @@ func TestBlockCacheKeepsBlocks(t *testing.T) {
 func TestDecodeRejectsBadCompressedBodies(t *testing.T) {
 	body := bytes.Repeat([]byte("abcdefgh"), 64)
 	c := s2.Encode(nil, body)
-	whole := func() *Record {
+	whole := func() *stored {
 		rec := sampleRecord()
 		rec.chunks = 0
 		rec.Response.Body, rec.BodyLen = body, int64(len(body))
@@ -148,11 +146,11 @@ func TestDecodeRejectsBadCompressedBodies(t *testing.T) {
 	got, err := whole().expand(c)
 	require.NoError(t, err)
 	require.Equal(t, body, got)
-	for name, mutate := range map[string]func(r *Record){
-		"shorter":  func(r *Record) { r.BodyLen-- },
-		"too long": func(r *Record) { r.BodyLen = maxInlineBodyBytes + 1 },
-		"chunks":   func(r *Record) { r.chunks = 1 },
-		"omitted":  func(r *Record) { r.BodyOmitted = true },
+	for name, mutate := range map[string]func(r *stored){
+		"shorter":  func(r *stored) { r.BodyLen-- },
+		"too long": func(r *stored) { r.BodyLen = maxInlineBodyBytes + 1 },
+		"chunks":   func(r *stored) { r.chunks = 1 },
+		"omitted":  func(r *stored) { r.BodyOmitted = true },
 	} {
 		rec := whole()
 		mutate(rec)
@@ -293,7 +291,7 @@ func TestDecodeRefusesLengthsBeyondTheValue(t *testing.T) {
 	withHeader.Response.Header = http.Header{"X-Long": {string(long)}}
 	for _, tc := range []struct {
 		name    string
-		rec     *Record
+		rec     *stored
 		code    byte // msgpack bin32 or str32
 		unknown bool // the string is a field after the ones this version knows
 	}{

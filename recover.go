@@ -2,9 +2,6 @@ package idem
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -56,7 +53,8 @@ func (db *DB) scanPending(until time.Time, fn func(pendingEntry) bool) error {
 // Overdue returns up to limit in-progress records whose lease has run out
 // (limit <= 0: all of them), oldest lease first. Nobody is known to be
 // working on them, and they are never re-executed on their own: they wait
-// for Options.Reconcile or an operator.
+// for Options.Reconcile or an operator. It reads the pending index, not the
+// whole store.
 func (db *DB) Overdue(ctx context.Context, limit int) ([]*Record, error) {
 	if err := db.enter(); err != nil {
 		return nil, err
@@ -83,7 +81,7 @@ func (db *DB) Overdue(ctx context.Context, limit int) ([]*Record, error) {
 			return out, err
 		}
 		if rec != nil && rec.State == StateInProgress && !now.Before(rec.LeaseUntil) {
-			out = append(out, rec)
+			out = append(out, &rec.Record)
 		}
 	}
 	return out, nil
@@ -91,7 +89,7 @@ func (db *DB) Overdue(ctx context.Context, limit int) ([]*Record, error) {
 
 // lockedRead reads the live record under rk with its scope, taking the
 // stripe; it returns nil if there is none.
-func (db *DB) lockedRead(rk []byte, now time.Time) (*Record, error) {
+func (db *DB) lockedRead(rk []byte, now time.Time) (*stored, error) {
 	mu := db.stripe(rk)
 	mu.Lock()
 	defer mu.Unlock()
@@ -101,12 +99,6 @@ func (db *DB) lockedRead(rk []byte, now time.Time) (*Record, error) {
 	}
 	rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, err = keys.ParseRecord(rk)
 	return rec, err
-}
-
-// ReconcileResult says what one Reconcile pass did.
-type ReconcileResult struct {
-	Overdue  int // overdue in-progress records found
-	Resolved int // of those, resolved by Options.Reconcile
 }
 
 // Reconcile hands every overdue in-progress record to Options.Reconcile.
@@ -152,26 +144,21 @@ func (db *DB) Reconcile(ctx context.Context) (ReconcileResult, error) {
 
 var errNotOverdue = errors.New("idem: record is not overdue")
 
-// TakeOver gives the caller a new lease on a record whose earlier attempt
-// is stuck, so that it can record what really happened: Complete it with
-// the real outcome, Release it if the operation provably did not commit,
-// or MarkUnknown it. It is the operator's way out of ErrOutcomePending
-// (idem resolve) and works on unknown and failed records and on in-progress
-// ones whose lease has run out. The old lease, if anyone still holds it,
-// gets ErrLeaseLost from then on.
-//
-// It fails with ErrNotFound when there is no live record, ErrCompleted when
-// the record holds a response (never overwritten), and a *KeyError
-// matching ErrInProgress, whose RetryAfter is the rest of the lease, when
-// someone may still be running the operation.
-func (db *DB) TakeOver(ctx context.Context, s Scope) (*Lease, error) {
+// TakeOver gives the caller a new lease (a new token, Attempts+1) on a
+// record whose earlier attempt is stuck, as contract.Operator.TakeOver
+// says: the operator's way out of ErrOutcomePending (idem resolve).
+func (db *DB) TakeOver(ctx context.Context, s Scope) (Lease, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return db.takeOver(s, stuck)
+	l, err := db.takeOver(s, stuck)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 // A takeover rule says whether a live record may get a new lease at now.
@@ -200,9 +187,9 @@ func stuck(s Scope, rec *Record, now time.Time) error {
 
 // takeOver gives the record of s a new lease (a new token, Attempts+1) if
 // rule admits it.
-func (db *DB) takeOver(s Scope, rule takeoverRule) (*Lease, error) {
+func (db *DB) takeOver(s Scope, rule takeoverRule) (*lease, error) {
 	start := db.opts.Now()
-	rk := s.recordKey()
+	rk := recordKey(s)
 	mu, err := db.begin(rk)
 	if err != nil {
 		return nil, err
@@ -216,7 +203,7 @@ func (db *DB) takeOver(s Scope, rule takeoverRule) (*Lease, error) {
 	if !live {
 		return nil, ErrNotFound
 	}
-	if err := rule(s, cur, now); err != nil {
+	if err := rule(s, &cur.Record, now); err != nil {
 		return nil, err
 	}
 	token, err := uuid.NewRandom()
@@ -234,27 +221,6 @@ func (db *DB) takeOver(s Scope, rule takeoverRule) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	db.event(EventTakenOver, s, &next, time.Time{})
-	return &Lease{db: db, rk: rk, scope: s, rec: next, val: v, writes: mu.writes, start: start}, nil
-}
-
-// KeyHash returns a short, stable digest of an idempotency key, for logs
-// and listings that must not show the key itself.
-func KeyHash(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:8])
-}
-
-// DownstreamKey derives the idempotency key to send to a downstream service
-// (a payment provider, say) for one step of the operation named by s. It is
-// deterministic, so a reconciler or a retry that repeats the step sends the
-// same key and the provider deduplicates it; distinct scopes and steps get
-// distinct keys.
-func DownstreamKey(s Scope, step string) string {
-	h := sha256.New()
-	for _, part := range []string{"idem-downstream-v1", s.Tenant, s.Endpoint, s.Key, step} {
-		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(part))))
-		h.Write([]byte(part))
-	}
-	return hex.EncodeToString(h.Sum(nil))
+	db.event(EventTakenOver, s, &next.Record, time.Time{})
+	return &lease{db: db, rk: rk, scope: s, rec: next, val: v, writes: mu.writes, start: start}, nil
 }

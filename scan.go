@@ -5,42 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/idemkv/idem/internal/keys"
 )
 
-// Filter selects records for DB.Records. Each zero field selects
-// everything.
-type Filter struct {
-	// Tenant keeps one tenant's records, and Endpoint, given with Tenant,
-	// one of its endpoints. Both read only their span of the store. An
-	// Endpoint without a Tenant is matched record by record.
-	Tenant, Endpoint string
-	// State keeps the records in that state.
-	State State
-	// CreatedBefore keeps the records claimed before it.
-	CreatedBefore time.Time
-	// Expired keeps the records past their TTL as well, which every other
-	// read treats as absent; the sweeper has not deleted them yet.
-	Expired bool
-}
-
-func (f Filter) match(rec *Record, now time.Time) bool {
-	return (f.Endpoint == "" || rec.Scope.Endpoint == f.Endpoint) &&
-		(f.State == 0 || rec.State == f.State) &&
-		(f.CreatedBefore.IsZero() || rec.CreatedAt.Before(f.CreatedBefore)) &&
-		(f.Expired || now.Before(rec.ExpiresAt))
-}
-
-// Records returns the records f selects, for listings and operator tools,
+// Records returns the records f selects, as contract.Operator.Records says,
 // in the store's order: by tenant, then endpoint, then key, each compared
-// by length first and then bytewise. Each record has its scope;
-// bodies stored inside the record are included, overflow bodies are not
-// read (Response.Body is nil, BodyLen says how long it is): use Get for
-// one record in full.
+// by length first and then bytewise. A Tenant, or a Tenant and an
+// Endpoint, read only their span of the store; an Endpoint alone is
+// matched record by record. Bodies stored inside the record are included,
+// overflow bodies are not read.
 //
 // It reads the store as it is, without the per-key locks, so a write whose
 // sync has not finished may show. The sequence ends after yielding an error.
@@ -72,7 +48,7 @@ func (db *DB) Records(ctx context.Context, f Filter) iter.Seq2[*Record, error] {
 				return
 			}
 			v, err := it.ValueAndErr()
-			var rec *Record
+			var rec *stored
 			if err == nil {
 				rec, err = decodeRecord(v)
 			}
@@ -83,7 +59,7 @@ func (db *DB) Records(ctx context.Context, f Filter) iter.Seq2[*Record, error] {
 				yield(nil, errors.Join(fmt.Errorf("idem: list records: %w", err), it.Close()))
 				return
 			}
-			if f.match(rec, now) && !yield(rec, nil) {
+			if f.Match(&rec.Record, now) && !yield(&rec.Record, nil) {
 				it.Close()
 				return
 			}

@@ -40,7 +40,7 @@ func TestUpgradeFrom1LeavesOneSetPerPendingKey(t *testing.T) {
 	ctx := context.Background()
 	fs := vfs.NewMem()
 	s := Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "k1"}
-	rk := s.recordKey()
+	rk := recordKey(s)
 
 	db, err := Open("db", &Options{FS: fs, SweepInterval: -1})
 	require.NoError(t, err)
@@ -50,8 +50,8 @@ func TestUpgradeFrom1LeavesOneSetPerPendingKey(t *testing.T) {
 	require.NoError(t, db.CompactStore())
 	rec, _, err := db.readLocked(rk, db.now())
 	require.NoError(t, err)
-	_, pk := indexKeys(rk, rec)
-	require.NoError(t, db.pdb.Set(pk, pendingValue(rec), pebble.Sync))
+	_, pk := indexKeys(rk, &rec.Record)
+	require.NoError(t, db.pdb.Set(pk, pendingValue(&rec.Record), pebble.Sync))
 	require.NoError(t, db.pdb.Set(keys.Schema, binary.AppendUvarint(nil, 1), pebble.Sync))
 	require.NoError(t, db.FlushMemtable())
 	require.NoError(t, db.Close())
@@ -125,8 +125,8 @@ func TestUpgradeFrom2ReadsItsRecords(t *testing.T) {
 	db, err := Open("db", &Options{FS: fs, SweepInterval: -1})
 	require.NoError(t, err)
 	complete(db, oldKey, oldBody)
-	v1 := asFormat1(t, storedValue(t, db, oldKey.recordKey()))
-	require.NoError(t, db.pdb.Set(oldKey.recordKey(), v1, pebble.Sync))
+	v1 := asFormat1(t, storedValue(t, db, recordKey(oldKey)))
+	require.NoError(t, db.pdb.Set(recordKey(oldKey), v1, pebble.Sync))
 	require.NoError(t, db.pdb.Set(keys.Schema, binary.AppendUvarint(nil, 2), pebble.Sync))
 	require.NoError(t, db.Close())
 
@@ -134,11 +134,11 @@ func TestUpgradeFrom2ReadsItsRecords(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	assert.Equal(t, uint64(schemaVersion), storedSchema(t, db))
-	require.Equal(t, v1, storedValue(t, db, oldKey.recordKey()), "the upgrade rewrote the old record")
+	require.Equal(t, v1, storedValue(t, db, recordKey(oldKey)), "the upgrade rewrote the old record")
 	replay(db, oldKey, oldBody)
 
 	complete(db, newKey, newBody)
-	assert.Less(t, len(storedValue(t, db, newKey.recordKey())), len(newBody), "the new record's body is not compressed")
+	assert.Less(t, len(storedValue(t, db, recordKey(newKey))), len(newBody), "the new record's body is not compressed")
 	replay(db, newKey, newBody)
 	require.NoError(t, db.CheckConsistency())
 }

@@ -6,7 +6,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
-	"github.com/idemkv/idem/compaction"
 	"github.com/idemkv/idem/internal/keys"
 )
 
@@ -21,9 +20,6 @@ import (
 //  3. Compaction reclaims: once enough bytes are swept, the swept spans are
 //     compacted so the space leaves the disk.
 
-// SweepResult says what one Sweep did.
-type SweepResult = compaction.Result
-
 // Sweep deletes every record that has expired by now and, once
 // Options.CompactBytes have been swept, compacts the cleared spans. The
 // background loop calls it every Options.SweepInterval; tests and tools
@@ -33,15 +29,8 @@ func (db *DB) Sweep(ctx context.Context) (SweepResult, error) {
 		return SweepResult{}, err
 	}
 	defer db.exit()
-	return db.sweeper.Sweep(ctx, db.now().UnixNano(), nil)
-}
-
-// CompactProgress says how far DB.Compact has come: Done out of Total
-// expired records walked in the "sweep" phase, then key families compacted
-// in the "compact" phase.
-type CompactProgress struct {
-	Phase       string
-	Done, Total int64
+	res, err := db.sweeper.Sweep(ctx, db.now().UnixNano(), nil)
+	return SweepResult(res), err
 }
 
 // Compact sweeps every expired record and then compacts the whole store,
@@ -71,11 +60,11 @@ func (db *DB) Compact(ctx context.Context, progress func(CompactProgress)) (Swee
 		report("sweep", int64(walked), max(total, int64(walked)))
 	})
 	if err != nil {
-		return res, err
+		return SweepResult(res), err
 	}
 	n, err := db.sweeper.CompactAll(ctx, func(done, total int) { report("compact", int64(done), int64(total)) })
 	res.Compactions += n
-	return res, err
+	return SweepResult(res), err
 }
 
 // expireLocked is the sweeper's Expire hook: it re-reads the record under
@@ -93,7 +82,7 @@ func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, func()
 	if db.opts.Events != nil {
 		done = func() {
 			rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, _ = keys.ParseRecord(rk)
-			db.event(EventSwept, rec.Scope, rec, time.Time{})
+			db.event(EventSwept, rec.Scope, &rec.Record, time.Time{})
 		}
 	}
 	return rec.storedLen + rec.BodyLen*int64(min(rec.chunks, 1)), done, nil

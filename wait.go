@@ -82,7 +82,7 @@ func (db *DB) Wait(ctx context.Context, s Scope) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	rk := s.recordKey()
+	rk := recordKey(s)
 	mu, err := db.begin(rk)
 	if err != nil {
 		return err

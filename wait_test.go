@@ -16,11 +16,11 @@ import (
 func TestWaitWakesOnLeaseEnd(t *testing.T) {
 	ctx := context.Background()
 	s := Scope{Tenant: "t", Endpoint: "e", Key: "k"}
-	for name, end := range map[string]func(*Lease) error{
-		"complete": func(l *Lease) error { return l.Complete(ctx, Response{Status: 200}) },
-		"release":  func(l *Lease) error { return l.Release(ctx) },
-		"unknown":  func(l *Lease) error { return l.MarkUnknown(ctx) },
-		"failed":   func(l *Lease) error { return l.MarkFailed(ctx) },
+	for name, end := range map[string]func(Lease) error{
+		"complete": func(l Lease) error { return l.Complete(ctx, Response{Status: 200}) },
+		"release":  func(l Lease) error { return l.Release(ctx) },
+		"unknown":  func(l Lease) error { return l.MarkUnknown(ctx) },
+		"failed":   func(l Lease) error { return l.MarkFailed(ctx) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			db, err := Open("db", &Options{FS: vfs.NewMem(), SweepInterval: -1})
@@ -59,7 +59,7 @@ func TestLeaseCheckWhenTheStripeIsShared(t *testing.T) {
 	b := a
 	for i := 0; ; i++ {
 		b.Key = "b" + itoa(i)
-		if db.stripe(a.recordKey()) == db.stripe(b.recordKey()) {
+		if db.stripe(recordKey(a)) == db.stripe(recordKey(b)) {
 			break
 		}
 	}
@@ -71,7 +71,8 @@ func TestLeaseCheckWhenTheStripeIsShared(t *testing.T) {
 	require.NoError(t, la.Extend(ctx), "a neighbour's write does not cost a the lease")
 
 	// A takeover of a, seen only through the read-back, must cost it.
-	db2lease := &Lease{db: db, rk: la.rk, scope: a, rec: la.rec, val: la.val, writes: la.writes}
+	l := la.(*lease)
+	db2lease := &lease{db: db, rk: l.rk, scope: a, rec: l.rec, val: l.val, writes: l.writes}
 	require.NoError(t, la.MarkUnknown(ctx))
 	assert.ErrorIs(t, db2lease.Complete(ctx, Response{Status: 200}), ErrLeaseLost)
 }

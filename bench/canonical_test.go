@@ -43,7 +43,7 @@ func BenchmarkCanonical(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		got, err := idem.Canonicalize(src)
+		got, err := idem.Canonicalize(src, idem.CanonicalOptions{})
 		if err != nil || !bytes.Equal(got, want) {
 			b.Fatalf("idem and jcs disagree on the benchmark body (%v)", err)
 		}

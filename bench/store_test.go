@@ -159,7 +159,7 @@ func BenchmarkComplete(b *testing.B) {
 	for _, sync := range []bool{true, false} {
 		b.Run(fmt.Sprintf("conc=1/sync=%t", sync), func(b *testing.B) {
 			db := openIdemBench(b, sync)
-			var leases []*idem.Lease
+			var leases []idem.Lease
 			refill := func() {
 				b.StopTimer()
 				defer b.StartTimer()
@@ -185,8 +185,8 @@ func BenchmarkComplete(b *testing.B) {
 
 // claimBatch claims n fresh keys from 16 goroutines, so that the claims
 // share syncs and the refill stays short.
-func claimBatch(b *testing.B, db *idem.DB, n int) []*idem.Lease {
-	leases := make([]*idem.Lease, n)
+func claimBatch(b *testing.B, db *idem.DB, n int) []idem.Lease {
+	leases := make([]idem.Lease, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for w := range 16 {

@@ -100,12 +100,14 @@ func (s *idemSystem) replay(ctx context.Context, o op) ([]byte, error) {
 }
 
 func (s *idemSystem) syncsPerOp() float64 {
-	m, err := s.db.Metrics()
+	m, err := s.db.Metrics(context.Background())
 	if err != nil {
 		return 0
 	}
-	commits, syncs := m.Commits-s.lastCommits, m.Syncs-s.lastSyncs
-	s.lastCommits, s.lastSyncs = m.Commits, m.Syncs
+	c, _ := m.Figure(idem.FigureCommits)
+	y, _ := m.Figure(idem.FigureSyncs)
+	commits, syncs := int64(c)-s.lastCommits, int64(y)-s.lastSyncs
+	s.lastCommits, s.lastSyncs = int64(c), int64(y)
 	if commits == 0 {
 		return 0
 	}

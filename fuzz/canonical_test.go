@@ -43,11 +43,11 @@ func FuzzIdentity(f *testing.F) {
 	f.Fuzz(func(t *testing.T, src []byte) {
 		for _, p := range []idem.Profile{idem.ProfileExact, idem.ProfileJCS} {
 			o := idem.CanonicalOptions{Profile: p}
-			out, err := idem.CanonicalizeWith(src, o)
+			out, err := idem.Canonicalize(src, o)
 			if err != nil {
 				continue
 			}
-			again, err := idem.CanonicalizeWith(out, o)
+			again, err := idem.Canonicalize(out, o)
 			if err != nil || !bytes.Equal(out, again) {
 				t.Fatalf("%s: canonical form %q canonicalizes to %q (%v)", p, out, again, err)
 			}
@@ -69,7 +69,7 @@ func FuzzRespelled(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, src []byte, seed uint64) {
 		// An empty body is a valid request but not a JSON document.
-		if _, err := idem.Canonicalize(src); err != nil {
+		if _, err := idem.Canonicalize(src, idem.CanonicalOptions{}); err != nil {
 			return
 		}
 		want, err := request(src).Fingerprint(idem.CanonicalOptions{})
@@ -308,7 +308,7 @@ func FuzzNeverPanics(f *testing.F) {
 			if errors.As(err, &be) && (be.Offset < 0 || be.Offset > len(body) || be.Code == "") {
 				t.Fatalf("body error %+v for %d bytes", be, len(body))
 			}
-			if _, err := idem.CanonicalizeWith(body, o); err != nil && !strings.HasPrefix(err.Error(), "idem: ") {
+			if _, err := idem.Canonicalize(body, o); err != nil && !strings.HasPrefix(err.Error(), "idem: ") {
 				t.Fatalf("error without the package prefix: %v", err)
 			}
 		}
@@ -324,7 +324,7 @@ func FuzzDifferentialJCS(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, src []byte) {
-		ours, err := idem.CanonicalizeWith(src, idem.CanonicalOptions{Profile: idem.ProfileJCS})
+		ours, err := idem.Canonicalize(src, idem.CanonicalOptions{Profile: idem.ProfileJCS})
 		if err != nil {
 			return
 		}
@@ -338,7 +338,7 @@ func FuzzDifferentialJCS(f *testing.F) {
 		if !doubleSafe(t, src) {
 			return
 		}
-		exact, err := idem.Canonicalize(src)
+		exact, err := idem.Canonicalize(src, idem.CanonicalOptions{})
 		if err != nil || !bytes.Equal(exact, theirs) {
 			t.Fatalf("%q: idem exact %q, gowebpki/jcs %q (%v)", src, exact, theirs, err)
 		}

@@ -12,7 +12,7 @@
 // Options.KeyStore stretches "the same key" across restarts: the key is
 // stored before anything is sent, and a restarted client asking for the
 // same operation sends it again, so the server replays the outcome of the
-// attempt that was cut off instead of running it twice. DBKeyStore keeps
+// attempt that was cut off instead of running it twice. StoreKeyStore keeps
 // keys in an idem DB; MemoryKeyStore keeps them in memory.
 //
 // # What is retried

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemclient"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/idemtest"
@@ -100,12 +101,12 @@ func TestEndToEndDroppedResponses(t *testing.T) {
 
 	// The same key with another body is a client bug: 422, not retried.
 	req := post(t, context.Background(), s.srv.URL+"/orders", `{"sku":"tea","qty":3}`)
-	req.Header.Set(idemclient.DefaultHeader, idemclient.Key(resp))
+	req.Header.Set(contract.HeaderKey, idemclient.Key(resp))
 	resp2, err := client.HTTPClient().Do(req)
 	require.NoError(t, err)
 	defer resp2.Body.Close()
 	assert.Equal(t, http.StatusUnprocessableEntity, resp2.StatusCode)
-	assert.Equal(t, idemclient.CodeKeyReuse, idemclient.ProblemCode(resp2))
+	assert.Equal(t, contract.CodeKeyReuse, idemclient.ProblemCode(resp2))
 	assert.Equal(t, 1, idemclient.Attempts(resp2))
 	assert.Equal(t, int32(1), s.executions.Load())
 }
@@ -127,7 +128,7 @@ func TestEndToEndInProgress(t *testing.T) {
 	}
 	tr := newTransport(t, &idemclient.Options{Base: noReuse(), Backoff: zeroBackoff, Sleep: c.Sleep, Now: c.Now})
 	req := post(t, context.Background(), s.srv.URL+"/orders", body)
-	req.Header.Set(idemclient.DefaultHeader, key)
+	req.Header.Set(contract.HeaderKey, key)
 	resp, err := tr.RoundTrip(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -160,7 +161,7 @@ func TestEndToEndOutcomePending(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, idemclient.CodeOutcomePending, idemclient.ProblemCode(resp))
+	assert.Equal(t, contract.CodeOutcomePending, idemclient.ProblemCode(resp))
 	assert.Equal(t, 1, idemclient.Attempts(resp))
 	_, done, err := store.Lookup(context.Background(), "order-9")
 	require.NoError(t, err)
@@ -197,7 +198,7 @@ func TestRestartWithPersistedKey(t *testing.T) {
 				}
 				db, _ := idemtest.Open(t, &idem.Options{FS: fs})
 				last = db
-				return idemclient.NewDBKeyStore(db, "client-a")
+				return idemclient.NewStoreKeyStore(db, "client-a")
 			}
 		}()},
 	}

@@ -27,7 +27,7 @@ func Example() {
 	}))
 	defer srv.Close()
 
-	store := &idemclient.MemoryKeyStore{} // or NewDBKeyStore, to survive restarts
+	store := &idemclient.MemoryKeyStore{} // or NewStoreKeyStore, to survive restarts
 	client, err := idemclient.NewClient(&idemclient.Options{
 		KeyStore: store,
 		Backoff:  idemclient.FullJitter(time.Millisecond, 10*time.Millisecond, nil),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemclient"
 )
 
@@ -141,7 +142,7 @@ func (f *flaky) requests() []seen {
 func (f *flaky) keys() []string {
 	var ks []string
 	for _, s := range f.requests() {
-		ks = append(ks, s.header.Get(idemclient.DefaultHeader))
+		ks = append(ks, s.header.Get(contract.HeaderKey))
 	}
 	return ks
 }

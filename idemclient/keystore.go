@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 )
 
 // KeyStore keeps the key of each named operation across restarts of the
@@ -86,7 +86,7 @@ func (s *MemoryKeyStore) Lookup(_ context.Context, op string) (key string, statu
 	return o.key, o.status, nil
 }
 
-// Endpoints under which DBKeyStore keeps its records, so that a DB's
+// Endpoints under which StoreKeyStore keeps its records, so that a DB's
 // Options.EndpointTTL can give them their own lifetime.
 const (
 	// KeyEndpoint holds one record per operation whose body is its key.
@@ -100,11 +100,11 @@ const (
 // second claim of an operation's record finds the first one completed and
 // reads it back, instead of being refused as a different request.
 var (
-	keyFingerprint  idem.Fingerprint = sha256.Sum256([]byte("idemclient key record v1"))
-	doneFingerprint idem.Fingerprint = sha256.Sum256([]byte("idemclient done record v1"))
+	keyFingerprint  contract.Fingerprint = sha256.Sum256([]byte("idemclient key record v1"))
+	doneFingerprint contract.Fingerprint = sha256.Sum256([]byte("idemclient done record v1"))
 )
 
-// DBKeyStore is a KeyStore kept in an idem DB, the embedded store the
+// StoreKeyStore is a KeyStore kept in an idem DB, the embedded store the
 // server side uses, so a client gets the same durability (every write is
 // synced before it returns) without another database. It is safe for
 // concurrent use.
@@ -128,26 +128,26 @@ var (
 // until it is resolved. No key was sent for it, since the Transport sends
 // only after Save returns, so it is safe to drop: call Reconcile from the
 // DB's Options.Reconcile.
-type DBKeyStore struct {
-	db        *idem.DB
+type StoreKeyStore struct {
+	db        contract.Store
 	namespace string
 }
 
-// NewDBKeyStore returns a KeyStore that keeps its records in db under the
+// NewStoreKeyStore returns a KeyStore that keeps its records in db under the
 // tenant namespace, which keeps clients that share one DB apart (at most
-// idem.MaxTenantBytes; may be empty). Operation names are the records'
-// keys, so they must be 1 to idem.MaxKeyBytes bytes long.
-func NewDBKeyStore(db *idem.DB, namespace string) *DBKeyStore {
-	return &DBKeyStore{db: db, namespace: namespace}
+// contract.MaxTenantBytes; may be empty). Operation names are the records'
+// keys, so they must be 1 to contract.MaxKeyBytes bytes long.
+func NewStoreKeyStore(db contract.Store, namespace string) *StoreKeyStore {
+	return &StoreKeyStore{db: db, namespace: namespace}
 }
 
-func (s *DBKeyStore) scope(endpoint, op string) idem.Scope {
-	return idem.Scope{Tenant: s.namespace, Endpoint: endpoint, Key: op}
+func (s *StoreKeyStore) scope(endpoint, op string) contract.Scope {
+	return contract.Scope{Tenant: s.namespace, Endpoint: endpoint, Key: op}
 }
 
 // Save implements KeyStore. It fails with an error matching
-// idem.ErrInProgress if another caller is saving op at the same moment.
-func (s *DBKeyStore) Save(ctx context.Context, op, key string) (string, error) {
+// contract.ErrInProgress if another caller is saving op at the same moment.
+func (s *StoreKeyStore) Save(ctx context.Context, op, key string) (string, error) {
 	lease, rec, err := s.db.Claim(ctx, s.scope(KeyEndpoint, op), keyFingerprint)
 	if err != nil {
 		return "", fmt.Errorf("idemclient: claim key record: %w", err)
@@ -155,7 +155,7 @@ func (s *DBKeyStore) Save(ctx context.Context, op, key string) (string, error) {
 	if rec != nil {
 		return string(rec.Response.Body), nil
 	}
-	if err := lease.Complete(ctx, idem.Response{Status: http.StatusOK, Body: []byte(key)}); err != nil {
+	if err := lease.Complete(ctx, contract.Response{Status: http.StatusOK, Body: []byte(key)}); err != nil {
 		// The key was never returned, so never sent: free the name again.
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return "", fmt.Errorf("idemclient: store key: %w", err)
@@ -165,7 +165,7 @@ func (s *DBKeyStore) Save(ctx context.Context, op, key string) (string, error) {
 
 // Done implements KeyStore. It fails with ErrUnknownOperation if op has no
 // key.
-func (s *DBKeyStore) Done(ctx context.Context, op string, status int) error {
+func (s *StoreKeyStore) Done(ctx context.Context, op string, status int) error {
 	if _, _, err := s.Lookup(ctx, op); err != nil {
 		return err
 	}
@@ -176,7 +176,7 @@ func (s *DBKeyStore) Done(ctx context.Context, op string, status int) error {
 	if lease == nil {
 		return nil // done already; the first status stands
 	}
-	if err := lease.Complete(ctx, idem.Response{Status: status}); err != nil {
+	if err := lease.Complete(ctx, contract.Response{Status: status}); err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return fmt.Errorf("idemclient: store done record: %w", err)
 	}
@@ -185,7 +185,7 @@ func (s *DBKeyStore) Done(ctx context.Context, op string, status int) error {
 
 // Lookup returns op's key and, once it is done, its definitive status (0
 // before). It fails with ErrUnknownOperation if op has no key.
-func (s *DBKeyStore) Lookup(ctx context.Context, op string) (key string, status int, err error) {
+func (s *StoreKeyStore) Lookup(ctx context.Context, op string) (key string, status int, err error) {
 	rec, err := s.completed(ctx, KeyEndpoint, op)
 	if err != nil {
 		return "", 0, err
@@ -203,14 +203,14 @@ func (s *DBKeyStore) Lookup(ctx context.Context, op string) (key string, status 
 // completed returns the completed record of op under endpoint, or nil if
 // there is none. A record still in progress counts as none: its Save or
 // Done never returned.
-func (s *DBKeyStore) completed(ctx context.Context, endpoint, op string) (*idem.Record, error) {
+func (s *StoreKeyStore) completed(ctx context.Context, endpoint, op string) (*contract.Record, error) {
 	rec, err := s.db.Get(ctx, s.scope(endpoint, op))
 	switch {
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, contract.ErrNotFound):
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("idemclient: read %s record: %w", endpoint, err)
-	case rec.State != idem.StateCompleted:
+	case rec.State != contract.StateCompleted:
 		return nil, nil
 	}
 	return rec, nil
@@ -220,7 +220,7 @@ func (s *DBKeyStore) completed(ctx context.Context, endpoint, op string) (*idem.
 // whether it was. Call it first from the DB's Options.Reconcile, so that a
 // key record left in progress by a crash frees its operation name: no key
 // was sent for it. Other records are left to the rest of the reconciler.
-func (s *DBKeyStore) Reconcile(ctx context.Context, l *idem.Lease) (bool, error) {
+func (s *StoreKeyStore) Reconcile(ctx context.Context, l contract.Lease) (bool, error) {
 	sc := l.Scope()
 	if sc.Tenant != s.namespace || (sc.Endpoint != KeyEndpoint && sc.Endpoint != DoneEndpoint) {
 		return false, nil

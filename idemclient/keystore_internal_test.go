@@ -12,21 +12,21 @@ import (
 	"github.com/idemkv/idem/internal/idemtest"
 )
 
-// TestDBKeyStoreReconcile: a process that stopped between claiming a key
+// TestStoreKeyStoreReconcile: a process that stopped between claiming a key
 // record and completing it blocks the operation name until the DB's
-// reconciler hands the record to DBKeyStore.Reconcile, which frees it.
-func TestDBKeyStoreReconcile(t *testing.T) {
+// reconciler hands the record to StoreKeyStore.Reconcile, which frees it.
+func TestStoreKeyStoreReconcile(t *testing.T) {
 	ctx := context.Background()
-	var store *DBKeyStore
+	var store *StoreKeyStore
 	var foreign int
-	db, clock := idemtest.Open(t, &idem.Options{Reconcile: func(ctx context.Context, l *idem.Lease) error {
+	db, clock := idemtest.Open(t, &idem.Options{Reconcile: func(ctx context.Context, l idem.Lease) error {
 		ok, err := store.Reconcile(ctx, l)
 		if !ok {
 			foreign++
 		}
 		return err
 	}})
-	store = NewDBKeyStore(db, "ns")
+	store = NewStoreKeyStore(db, "ns")
 
 	// The crash: claimed, never completed.
 	lease, _, err := db.Claim(ctx, store.scope(KeyEndpoint, "op"), keyFingerprint)

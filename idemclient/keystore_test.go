@@ -28,7 +28,7 @@ func keyStores(ns string) []struct {
 		{name: "memory", open: func(*testing.T) lookupStore { return &idemclient.MemoryKeyStore{} }},
 		{name: "db", open: func(t *testing.T) lookupStore {
 			db, _ := idemtest.Open(t, nil)
-			return idemclient.NewDBKeyStore(db, ns)
+			return idemclient.NewStoreKeyStore(db, ns)
 		}},
 	}
 }
@@ -97,11 +97,11 @@ func TestKeyStoreConcurrentSave(t *testing.T) {
 	}
 }
 
-func TestDBKeyStoreNamespaces(t *testing.T) {
+func TestStoreKeyStoreNamespaces(t *testing.T) {
 	ctx := context.Background()
 	db, _ := idemtest.Open(t, nil)
-	a := idemclient.NewDBKeyStore(db, "client-a")
-	b := idemclient.NewDBKeyStore(db, "client-b")
+	a := idemclient.NewStoreKeyStore(db, "client-a")
+	b := idemclient.NewStoreKeyStore(db, "client-b")
 	_, err := a.Save(ctx, "op", "key-a")
 	require.NoError(t, err)
 	_, _, err = b.Lookup(ctx, "op")
@@ -114,9 +114,9 @@ func TestDBKeyStoreNamespaces(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrInvalidScope, "operation names are limited like keys")
 }
 
-func TestDBKeyStoreClosed(t *testing.T) {
+func TestStoreKeyStoreClosed(t *testing.T) {
 	db, _ := idemtest.Open(t, nil)
-	s := idemclient.NewDBKeyStore(db, "ns")
+	s := idemclient.NewStoreKeyStore(db, "ns")
 	require.NoError(t, db.Close())
 	_, err := s.Save(context.Background(), "op", "k")
 	require.ErrorIs(t, err, idem.ErrClosed)

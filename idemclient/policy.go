@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemkv/idem/contract"
 )
 
 // CheckRetry decides whether an attempt should be repeated. It gets the
@@ -40,18 +41,6 @@ type Backoff func(attempt int, resp *http.Response) time.Duration
 // KeyStore may record the operation as done. It is asked only about
 // responses that are not going to be retried.
 type Definitive func(resp *http.Response) bool
-
-// Problem codes of the idem HTTP contract that the client acts on.
-const (
-	// CodeInProgress: another attempt with the same key is running; retry
-	// later with the same key.
-	CodeInProgress = "request_in_progress"
-	// CodeOutcomePending: an earlier attempt may have taken effect and the
-	// server has not resolved it. Retrying cannot help until it does.
-	CodeOutcomePending = "outcome_pending"
-	// CodeKeyReuse: the key was first used for a different request.
-	CodeKeyReuse = "idempotency_key_reuse"
-)
 
 // DefaultCheckRetry retries transport errors (a refused or reset connection,
 // a timeout) and the statuses that say the attempt may be repeated: 408,
@@ -78,7 +67,7 @@ func DefaultCheckRetry(ctx context.Context, resp *http.Response, err error) (boo
 		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true, nil
 	case http.StatusConflict:
-		return ProblemCode(resp) == CodeInProgress, nil
+		return ProblemCode(resp) == contract.CodeInProgress, nil
 	}
 	return false, nil
 }

@@ -10,17 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkv/idem"
-)
-
-// Header names of the idem HTTP contract.
-const (
-	// DefaultHeader carries the idempotency key unless Options.Header
-	// names another.
-	DefaultHeader = "Idempotency-Key"
-	// ReplayedHeader is "true" on a response the server replayed from its
-	// store instead of running the operation again.
-	ReplayedHeader = "Idempotent-Replayed"
+	"github.com/idemkv/idem/contract"
 )
 
 // Defaults of the Options fields that have numeric limits.
@@ -126,7 +116,7 @@ func (o *Options) withDefaults() (Options, error) {
 		c.Base = http.DefaultTransport
 	}
 	if c.Header == "" {
-		c.Header = DefaultHeader
+		c.Header = contract.HeaderKey
 	}
 	if !isToken(c.Header) {
 		bad("Header %q is not a valid header name", c.Header)
@@ -262,7 +252,7 @@ type operationKey struct{}
 // name already has, even one stored by an earlier process, so a client
 // that restarts in the middle of an operation resumes it instead of
 // starting a second one. Names must be unique per operation (an order
-// number, an outbox row id) and at most 255 bytes for DBKeyStore.
+// number, an outbox row id) and at most 255 bytes for StoreKeyStore.
 func WithOperation(ctx context.Context, op string) context.Context {
 	return context.WithValue(ctx, operationKey{}, op)
 }
@@ -303,7 +293,7 @@ func Attempts(resp *http.Response) int { return info(resp).attempt }
 // than by running the operation: the operation had already run, and resp
 // is its original outcome.
 func Replayed(resp *http.Response) bool {
-	return resp != nil && strings.EqualFold(strings.TrimSpace(resp.Header.Get(ReplayedHeader)), "true")
+	return resp != nil && strings.EqualFold(strings.TrimSpace(resp.Header.Get(contract.HeaderReplayed)), "true")
 }
 
 // idempotentMethod reports whether repeating a request with method m has
@@ -529,5 +519,5 @@ func keyHash(key string) string {
 	if key == "" {
 		return ""
 	}
-	return idem.KeyHash(key)
+	return contract.KeyHash(key)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemclient"
 )
 
@@ -46,10 +47,10 @@ func TestClientTable(t *testing.T) {
 		{name: "503", steps: []step{status(503)}, wantAttempts: 2, wantStatus: 201, wantDone: 201},
 		{name: "504", steps: []step{status(504)}, wantAttempts: 2, wantStatus: 201, wantDone: 201},
 		{name: "several failures in a row", steps: []step{status(503), {drop: true}, status(502)}, wantAttempts: 4, wantStatus: 201, wantDone: 201},
-		{name: "409 in progress", steps: []step{problemStep(409, idemclient.CodeInProgress, "1")}, wantAttempts: 2, wantStatus: 201, wantDone: 201, wantMinWait: time.Second},
-		{name: "409 outcome pending", steps: []step{problemStep(409, idemclient.CodeOutcomePending, "")}, wantAttempts: 1, wantStatus: 409},
+		{name: "409 in progress", steps: []step{problemStep(409, contract.CodeInProgress, "1")}, wantAttempts: 2, wantStatus: 201, wantDone: 201, wantMinWait: time.Second},
+		{name: "409 outcome pending", steps: []step{problemStep(409, contract.CodeOutcomePending, "")}, wantAttempts: 1, wantStatus: 409},
 		{name: "409 without a problem code", steps: []step{status(409)}, wantAttempts: 1, wantStatus: 409},
-		{name: "422 fingerprint mismatch", steps: []step{problemStep(422, idemclient.CodeKeyReuse, "")}, wantAttempts: 1, wantStatus: 422, wantDone: 422},
+		{name: "422 fingerprint mismatch", steps: []step{problemStep(422, contract.CodeKeyReuse, "")}, wantAttempts: 1, wantStatus: 422, wantDone: 422},
 		{name: "400 malformed", steps: []step{status(400)}, wantAttempts: 1, wantStatus: 400, wantDone: 400},
 		{name: "401 with refresh", steps: []step{status(401)}, refresh: true, wantAttempts: 2, wantStatus: 201, wantDone: 201, wantRefreshes: 1},
 		{name: "401 twice refreshes once", steps: []step{status(401), status(401)}, refresh: true, wantAttempts: 2, wantStatus: 401, wantRefreshes: 1},
@@ -423,7 +424,7 @@ func TestKeyChoice(t *testing.T) {
 			req, err := http.NewRequest(tt.method, f.srv.URL, nil)
 			require.NoError(t, err)
 			if tt.callerKey != "" {
-				req.Header.Set(idemclient.DefaultHeader, tt.callerKey)
+				req.Header.Set(contract.HeaderKey, tt.callerKey)
 			}
 			resp, err := tr.RoundTrip(req)
 			require.NoError(t, err)
@@ -578,14 +579,14 @@ func TestRefreshError(t *testing.T) {
 func TestReplayedAndProblemCode(t *testing.T) {
 	resp := &http.Response{Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{"code":"outcome_pending","title":"x"}`))}
 	assert.False(t, idemclient.Replayed(resp))
-	resp.Header.Set(idemclient.ReplayedHeader, "true")
+	resp.Header.Set(contract.HeaderReplayed, "true")
 	assert.True(t, idemclient.Replayed(resp))
 	assert.False(t, idemclient.Replayed(nil))
 
 	assert.Equal(t, "", idemclient.ProblemCode(resp), "not problem+json")
 	resp.Header.Set("Content-Type", "application/problem+json; charset=utf-8")
-	assert.Equal(t, idemclient.CodeOutcomePending, idemclient.ProblemCode(resp))
-	assert.Equal(t, idemclient.CodeOutcomePending, idemclient.ProblemCode(resp), "reading twice works")
+	assert.Equal(t, contract.CodeOutcomePending, idemclient.ProblemCode(resp))
+	assert.Equal(t, contract.CodeOutcomePending, idemclient.ProblemCode(resp), "reading twice works")
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	assert.Equal(t, `{"code":"outcome_pending","title":"x"}`, string(body), "the body is put back")
@@ -634,7 +635,7 @@ func TestCallerKeyDisagreesWithStore(t *testing.T) {
 	require.NoError(t, err)
 	tr := newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store})
 	req := post(t, idemclient.WithOperation(context.Background(), "order-1"), f.srv.URL, `{}`)
-	req.Header.Set(idemclient.DefaultHeader, "other-key")
+	req.Header.Set(contract.HeaderKey, "other-key")
 	_, err = tr.RoundTrip(req)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "already has a key")

@@ -20,13 +20,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkv/idem"
-)
-
-const (
-	headerKey         = "Idempotency-Key"
-	headerReplayed    = "Idempotent-Replayed"
-	headerBodyOmitted = "Idempotent-Body-Omitted"
+	"github.com/idemkv/idem/contract"
 )
 
 // DefaultKeyAlphabet is the characters a key may use unless
@@ -37,8 +31,9 @@ const DefaultKeyAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 // Options configure the middleware. Store and Tenant are required; every
 // other zero value selects the default given in its comment.
 type Options struct {
-	// Store keeps the records. Required.
-	Store *idem.DB
+	// Store keeps the records: the embedded store (contract.Open) or any
+	// other backend of the contract. Required.
+	Store contract.Store
 
 	// Tenant returns the authenticated caller a request belongs to: keys
 	// are scoped by it, so one tenant can never see another's responses.
@@ -64,7 +59,7 @@ type Options struct {
 	// KeyAlphabet is the set of characters a key may contain.
 	// Default: DefaultKeyAlphabet.
 	KeyAlphabet string
-	// MaxKeyLength bounds a key's length, at most idem.MaxKeyBytes.
+	// MaxKeyLength bounds a key's length, at most contract.MaxKeyBytes.
 	// Default: 255.
 	MaxKeyLength int
 
@@ -72,15 +67,11 @@ type Options struct {
 	// fingerprinted: the number profile and the volatile JSON members
 	// (client timestamps, trace IDs) to leave out. Default: the exact
 	// profile, nothing volatile.
-	Canonical idem.CanonicalOptions
+	Canonical contract.CanonicalOptions
 
 	// MaxRequestBytes bounds the request body; a longer one gets 413
 	// payload_too_large. Default: 1 MiB.
 	MaxRequestBytes int64
-
-	// TTL overrides the store's TTL for some endpoints (as Endpoint names
-	// them). Default: the store's own rules.
-	TTL map[string]time.Duration
 
 	// Wait is how long a retry that finds its key in progress waits for
 	// the first request to finish before it gets 409. The first request's
@@ -107,8 +98,8 @@ type Observation struct {
 	// Endpoint is the endpoint as Options.Endpoint names it.
 	Endpoint string
 	// Outcome is OutcomeExecuted, OutcomeReplayed, OutcomePanic, or the
-	// code of the problem the request was refused with (CodeInProgress,
-	// CodeKeyReuse, ...).
+	// code of the problem the request was refused with (contract.CodeInProgress,
+	// contract.CodeKeyReuse, ...).
 	Outcome string
 	// Status is the status the client got, or 0 when the handler hijacked
 	// the connection and answered on it.
@@ -162,7 +153,7 @@ func newMiddleware(o Options) (*middleware, error) {
 		o.Methods = []string{http.MethodPost}
 	}
 	if o.Header == "" {
-		o.Header = headerKey
+		o.Header = contract.HeaderKey
 	}
 	if o.KeyAlphabet == "" {
 		o.KeyAlphabet = DefaultKeyAlphabet
@@ -201,8 +192,8 @@ func newMiddleware(o Options) (*middleware, error) {
 		}
 		m.alphabet[c] = true
 	}
-	if o.MaxKeyLength < 1 || o.MaxKeyLength > idem.MaxKeyBytes {
-		bad("Options.MaxKeyLength %d must be between 1 and %d", o.MaxKeyLength, idem.MaxKeyBytes)
+	if o.MaxKeyLength < 1 || o.MaxKeyLength > contract.MaxKeyBytes {
+		bad("Options.MaxKeyLength %d must be between 1 and %d", o.MaxKeyLength, contract.MaxKeyBytes)
 	}
 	if o.MaxRequestBytes < 0 {
 		bad("Options.MaxRequestBytes %d must not be negative", o.MaxRequestBytes)
@@ -213,16 +204,8 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
 		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
 	}
-	if _, err := idem.CanonicalizeWith([]byte("{}"), o.Canonical); err != nil {
+	if _, err := contract.Canonicalize([]byte("{}"), o.Canonical); err != nil {
 		errs = append(errs, fmt.Errorf("idemhttp: Options.Canonical: %w", err))
-	}
-	if o.Store != nil {
-		so := o.Store.Options()
-		for ep, ttl := range o.TTL {
-			if ttl <= 0 || ttl < 10*so.Lease {
-				bad("Options.TTL[%q] %s must be at least ten store leases (%s)", ep, ttl, 10*so.Lease)
-			}
-		}
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -290,40 +273,40 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Handler, endpoint string) (result string, status int) {
 	key, err := m.readKey(r)
 	if err != nil {
-		code := CodeKeyInvalid
+		code := contract.CodeKeyInvalid
 		if errors.Is(err, errKeyMissing) {
-			code = CodeKeyMissing
+			code = contract.CodeKeyMissing
 		}
 		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: code, Detail: err.Error()}, 0)
 	}
-	w.Header().Set(headerKey, key)
+	w.Header().Set(contract.HeaderKey, key)
 	tenant, err := m.opts.Tenant(r)
-	if err == nil && len(tenant) > idem.MaxTenantBytes {
+	if err == nil && len(tenant) > contract.MaxTenantBytes {
 		// Checked here, not left to the store, so that the client hears
 		// about its credential rather than about its key.
-		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), idem.MaxTenantBytes)
+		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), contract.MaxTenantBytes)
 	}
 	if err != nil {
-		return writeProblem(w, Problem{Status: http.StatusUnauthorized, Code: CodeTenantMissing, Detail: err.Error()}, 0)
+		return writeProblem(w, Problem{Status: http.StatusUnauthorized, Code: contract.CodeTenantMissing, Detail: err.Error()}, 0)
 	}
-	if len(endpoint) > idem.MaxEndpointBytes {
+	if len(endpoint) > contract.MaxEndpointBytes {
 		// By default the endpoint is the method and the path, so this is
 		// the path's fault, not the key's, which is what the store's
 		// ErrInvalidScope would otherwise be reported as.
-		return writeProblem(w, Problem{Status: http.StatusRequestURITooLong, Code: CodeURITooLong,
-			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), idem.MaxEndpointBytes)}, 0)
+		return writeProblem(w, Problem{Status: http.StatusRequestURITooLong, Code: contract.CodeURITooLong,
+			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), contract.MaxEndpointBytes)}, 0)
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
 	if err != nil {
 		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
 			// An outer http.MaxBytesReader has a lower cap than ours.
-			return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: CodePayloadTooLarge,
+			return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
 				Detail: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit)}, 0)
 		}
-		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeBodyInvalid, Detail: "reading the request body: " + err.Error()}, 0)
+		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid, Detail: "reading the request body: " + err.Error()}, 0)
 	}
 	if int64(len(body)) > m.opts.MaxRequestBytes {
-		return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: CodePayloadTooLarge,
+		return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
 			Detail: fmt.Sprintf("the request body is larger than %d bytes", m.opts.MaxRequestBytes)}, 0)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -333,29 +316,25 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	}
 	co := m.opts.Canonical
 	co.MaxBytes = int(max(m.opts.MaxRequestBytes, 1))
-	fp, err := idem.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
+	fp, err := contract.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
 		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ","), Body: body}.Fingerprint(co)
 	if err != nil {
-		p := Problem{Status: http.StatusBadRequest, Code: CodeBodyInvalid, Detail: err.Error()}
-		var be *idem.BodyError
+		p := Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid, Detail: err.Error()}
+		var be *contract.BodyError
 		if errors.As(err, &be) {
 			p.BodyError, p.BodyOffset = be.Code, &be.Offset
 		}
 		return writeProblem(w, p, 0)
 	}
-	scope := idem.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
-	var claimOpts []idem.ClaimOption
-	if ttl, ok := m.opts.TTL[endpoint]; ok {
-		claimOpts = append(claimOpts, idem.WithTTL(ttl))
-	}
+	scope := contract.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
 
-	lease, replay, err := m.opts.Store.Claim(r.Context(), scope, fp, claimOpts...)
-	if errors.Is(err, idem.ErrInProgress) && m.opts.Wait > 0 {
+	lease, replay, err := m.opts.Store.Claim(r.Context(), scope, fp)
+	if errors.Is(err, contract.ErrInProgress) && m.opts.Wait > 0 {
 		wctx, cancel := context.WithTimeout(r.Context(), m.opts.Wait)
 		werr := m.opts.Store.Wait(wctx, scope)
 		cancel()
 		if werr == nil {
-			lease, replay, err = m.opts.Store.Claim(r.Context(), scope, fp, claimOpts...)
+			lease, replay, err = m.opts.Store.Claim(r.Context(), scope, fp)
 		}
 	}
 	switch {
@@ -370,28 +349,28 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 
 // refuse answers a claim that did not get the key.
 func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, status int) {
-	var ke *idem.KeyError
+	var ke *contract.KeyError
 	switch {
-	case errors.Is(err, idem.ErrFingerprintMismatch):
-		return writeProblem(w, Problem{Status: m.opts.MismatchStatus, Code: CodeKeyReuse,
+	case errors.Is(err, contract.ErrFingerprintMismatch):
+		return writeProblem(w, Problem{Status: m.opts.MismatchStatus, Code: contract.CodeKeyReuse,
 			Detail: "this idempotency key was used for a different request; use a new key for a new operation"}, 0)
-	case errors.Is(err, idem.ErrInProgress) && errors.As(err, &ke):
-		return writeProblem(w, Problem{Status: http.StatusConflict, Code: CodeInProgress,
+	case errors.Is(err, contract.ErrInProgress) && errors.As(err, &ke):
+		return writeProblem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
 			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
-	case errors.Is(err, idem.ErrOutcomePending):
-		return writeProblem(w, Problem{Status: http.StatusConflict, Code: CodeOutcomePending,
+	case errors.Is(err, contract.ErrOutcomePending):
+		return writeProblem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
 			Detail: "an earlier attempt with this idempotency key has an outcome that is not known yet; it is being reconciled"}, 0)
-	case errors.Is(err, idem.ErrInvalidScope):
-		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: CodeKeyInvalid, Detail: err.Error()}, 0)
+	case errors.Is(err, contract.ErrInvalidScope):
+		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeKeyInvalid, Detail: err.Error()}, 0)
 	default:
 		m.opts.Logger.Error("idemhttp: claim failed", "err", err)
-		return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
+		return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
 			Detail: "the idempotency store is unavailable; retry with the same key"}, time.Second)
 	}
 }
 
 // replay answers with the stored response, verbatim.
-func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) (result string, status int) {
+func (m *middleware) replay(w http.ResponseWriter, rec *contract.Record) (result string, status int) {
 	h := w.Header()
 	for k, vs := range rec.Response.Header {
 		if name, added := strings.CutPrefix(k, appendPrefix); added {
@@ -400,9 +379,9 @@ func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) (result str
 			h[k] = slices.Clone(vs)
 		}
 	}
-	h.Set(headerReplayed, "true")
+	h.Set(contract.HeaderReplayed, "true")
 	if rec.BodyOmitted {
-		h.Set(headerBodyOmitted, "true")
+		h.Set(contract.HeaderBodyOmitted, "true")
 		// The length declared was the body's, which is not sent.
 		h.Del("Content-Length")
 	}
@@ -415,7 +394,7 @@ func (m *middleware) replay(w http.ResponseWriter, rec *idem.Record) (result str
 // then lets the response reach the client: a client must never hold an
 // answer that a crash could still take back from its retries. A handler
 // that flushes streams instead (see recorder).
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, lease *idem.Lease) (result string, status int) {
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, lease contract.Lease) (result string, status int) {
 	out := &outcome{}
 	// A client that disconnects must not cancel the operation: its retry
 	// should find the finished result, not a half-done one.
@@ -448,7 +427,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		m.end(lease, lease.Release(storeCtx))
 	default:
 		status, header, body := rec.response()
-		err := lease.Complete(storeCtx, idem.Response{Status: status, Header: header, Body: body})
+		err := lease.Complete(storeCtx, contract.Response{Status: status, Header: header, Body: body})
 		m.end(lease, err)
 		if err != nil && rec.streaming {
 			// Most of a streamed answer is out, but not its end: breaking
@@ -460,10 +439,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			// would let the client hold what its retry cannot get back.
 			// The retry gets 409 until the record is reconciled; it never
 			// runs the operation again.
-			key := w.Header().Get(headerKey)
+			key := w.Header().Get(contract.HeaderKey)
 			clear(w.Header())
-			w.Header().Set(headerKey, key)
-			return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: CodeStoreUnavailable,
+			w.Header().Set(contract.HeaderKey, key)
+			return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
 				Detail: "the request ran but its outcome could not be stored; retry with the same key, it will not run twice"}, time.Second)
 		}
 	}
@@ -472,10 +451,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 
 // end logs an outcome that could not be stored. The record stays in
 // progress and is found by reconciliation: never re-run blindly.
-func (m *middleware) end(lease *idem.Lease, err error) {
+func (m *middleware) end(lease contract.Lease, err error) {
 	if err != nil {
 		s := lease.Scope()
 		m.opts.Logger.Error("idemhttp: storing the outcome failed; the record stays in progress until reconciled",
-			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", idem.KeyHash(s.Key), "err", err)
+			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", contract.KeyHash(s.Key), "err", err)
 	}
 }

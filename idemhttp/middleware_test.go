@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/idemtest"
 )
@@ -174,7 +175,7 @@ func TestChangedPayloadIsRefused(t *testing.T) {
 	e.call("POST", "/v1/payments", "acme", pay, "k")
 	resp, body := e.call("POST", "/v1/payments", "acme", `{"amount":4201,"currency":"usd","customer":"cus_1"}`, "k")
 	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
-	assert.Equal(t, idemhttp.CodeKeyReuse, problem(t, resp, body).Code)
+	assert.Equal(t, contract.CodeKeyReuse, problem(t, resp, body).Code)
 	assert.Equal(t, "k", resp.Header.Get("Idempotency-Key"))
 	assert.Equal(t, int64(1), e.app.runs.Load())
 
@@ -191,7 +192,7 @@ func TestMismatchStatusIsConfigurable(t *testing.T) {
 	e.call("POST", "/v1/payments", "acme", pay, "k")
 	resp, body := e.call("POST", "/v1/payments", "acme", `{}`, "k")
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, idemhttp.CodeKeyReuse, problem(t, resp, body).Code)
+	assert.Equal(t, contract.CodeKeyReuse, problem(t, resp, body).Code)
 }
 
 func TestBadKeysAreRefusedAndStoreNothing(t *testing.T) {
@@ -201,18 +202,18 @@ func TestBadKeysAreRefusedAndStoreNothing(t *testing.T) {
 		keys []string
 		code string
 	}{
-		{"missing", nil, idemhttp.CodeKeyMissing},
-		{"empty", []string{""}, idemhttp.CodeKeyInvalid},
-		{"blank", []string{"   "}, idemhttp.CodeKeyInvalid},
-		{"256 characters", []string{strings.Repeat("a", 256)}, idemhttp.CodeKeyInvalid},
-		{"bad alphabet", []string{"key with spaces"}, idemhttp.CodeKeyInvalid},
-		{"dot", []string{"a.b"}, idemhttp.CodeKeyInvalid},
-		{"non-ASCII", []string{"clé"}, idemhttp.CodeKeyInvalid},
-		{"two field lines", []string{"a", "b"}, idemhttp.CodeKeyInvalid},
-		{"a list", []string{"a, b"}, idemhttp.CodeKeyInvalid},
-		{"broken sf-string", []string{`"abc`}, idemhttp.CodeKeyInvalid},
-		{"sf-string with a bad escape", []string{`"a\b"`}, idemhttp.CodeKeyInvalid},
-		{"empty sf-string", []string{`""`}, idemhttp.CodeKeyInvalid},
+		{"missing", nil, contract.CodeKeyMissing},
+		{"empty", []string{""}, contract.CodeKeyInvalid},
+		{"blank", []string{"   "}, contract.CodeKeyInvalid},
+		{"256 characters", []string{strings.Repeat("a", 256)}, contract.CodeKeyInvalid},
+		{"bad alphabet", []string{"key with spaces"}, contract.CodeKeyInvalid},
+		{"dot", []string{"a.b"}, contract.CodeKeyInvalid},
+		{"non-ASCII", []string{"clé"}, contract.CodeKeyInvalid},
+		{"two field lines", []string{"a", "b"}, contract.CodeKeyInvalid},
+		{"a list", []string{"a, b"}, contract.CodeKeyInvalid},
+		{"broken sf-string", []string{`"abc`}, contract.CodeKeyInvalid},
+		{"sf-string with a bad escape", []string{`"a\b"`}, contract.CodeKeyInvalid},
+		{"empty sf-string", []string{`""`}, contract.CodeKeyInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -232,7 +233,7 @@ func TestBadKeysAreRefusedAndStoreNothing(t *testing.T) {
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	})
 	assert.Zero(t, e.app.runs.Load())
-	m, err := e.db.Metrics()
+	m, err := e.db.Metrics(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, m.Claims, "nothing was claimed")
 
@@ -263,28 +264,28 @@ func TestOtherRefusals(t *testing.T) {
 	e := setup(t, idemhttp.Options{MaxRequestBytes: 64})
 	resp, body := e.call("POST", "/v1/payments", "", pay, "k")
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
-	assert.Equal(t, idemhttp.CodeTenantMissing, problem(t, resp, body).Code)
+	assert.Equal(t, contract.CodeTenantMissing, problem(t, resp, body).Code)
 
 	resp, body = e.call("POST", "/v1/payments", strings.Repeat("t", idem.MaxTenantBytes+1), pay, "k")
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 	p := problem(t, resp, body)
-	assert.Equal(t, idemhttp.CodeTenantMissing, p.Code, "a tenant too long to store is the credential's fault, not the key's")
+	assert.Equal(t, contract.CodeTenantMissing, p.Code, "a tenant too long to store is the credential's fault, not the key's")
 	assert.Contains(t, p.Detail, "more than 255")
 	assert.Zero(t, e.app.runs.Load())
 
 	resp, body = e.call("POST", "/v1/payments", "acme", `{"amount":`+strings.Repeat("1", 100)+`}`, "k")
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
-	assert.Equal(t, idemhttp.CodePayloadTooLarge, problem(t, resp, body).Code)
+	assert.Equal(t, contract.CodePayloadTooLarge, problem(t, resp, body).Code)
 
 	resp, body = e.call("POST", "/v1/payments", "acme", `{"a":1,"a":2}`, "k")
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	p = problem(t, resp, body)
-	assert.Equal(t, idemhttp.CodeBodyInvalid, p.Code)
+	assert.Equal(t, contract.CodeBodyInvalid, p.Code)
 	assert.Equal(t, "duplicate_member", p.BodyError)
 	require.NotNil(t, p.BodyOffset)
 
 	assert.Zero(t, e.app.runs.Load())
-	m, err := e.db.Metrics()
+	m, err := e.db.Metrics(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, m.Claims)
 }
@@ -310,17 +311,17 @@ func TestRefusalsNameTheirCause(t *testing.T) {
 	resp, body := e.call("POST", "/v1/"+strings.Repeat("a", idem.MaxEndpointBytes), "acme", pay, "k")
 	assert.Equal(t, http.StatusRequestURITooLong, resp.StatusCode)
 	p := problem(t, resp, body)
-	assert.Equal(t, idemhttp.CodeURITooLong, p.Code)
+	assert.Equal(t, contract.CodeURITooLong, p.Code)
 	assert.Contains(t, p.Detail, "more than 1024")
 
 	resp, body = e.call("POST", "/capped", "acme", pay, "k")
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
 	p = problem(t, resp, body)
-	assert.Equal(t, idemhttp.CodePayloadTooLarge, p.Code)
+	assert.Equal(t, contract.CodePayloadTooLarge, p.Code)
 	assert.Contains(t, p.Detail, "larger than 10 bytes")
 
 	assert.Zero(t, a.runs.Load())
-	m, err := db.Metrics()
+	m, err := db.Metrics(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, m.Claims)
 }
@@ -433,7 +434,7 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 	mode.Store("ok")
 	resp, body := e.call("POST", "/v1/payments", "acme", pay, "u")
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, idemhttp.CodeOutcomePending, problem(t, resp, body).Code)
+	assert.Equal(t, contract.CodeOutcomePending, problem(t, resp, body).Code)
 	assert.Equal(t, int64(3), e.app.runs.Load(), "an unknown outcome is never re-run")
 }
 
@@ -541,7 +542,7 @@ func TestEncodedBodyIsHashedAsSent(t *testing.T) {
 
 	resp, body = post(gzipped(`{"amount":1}`))
 	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
-	assert.Equal(t, idemhttp.CodeKeyReuse, problem(t, resp, body).Code)
+	assert.Equal(t, contract.CodeKeyReuse, problem(t, resp, body).Code)
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
@@ -752,7 +753,7 @@ func TestHijackedAnswerIsNotReplayed(t *testing.T) {
 
 	resp, body = e.call("POST", "/v1/payments", "acme", pay, "h")
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, idemhttp.CodeOutcomePending, problem(t, resp, body).Code)
+	assert.Equal(t, contract.CodeOutcomePending, problem(t, resp, body).Code)
 	assert.Empty(t, resp.Header.Get("Idempotent-Replayed"))
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }
@@ -837,15 +838,18 @@ func TestStoreFailureIs503(t *testing.T) {
 	require.NoError(t, e.db.Close())
 	resp, body := e.call("POST", "/v1/payments", "acme", pay, "k")
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-	assert.Equal(t, idemhttp.CodeStoreUnavailable, problem(t, resp, body).Code)
+	assert.Equal(t, contract.CodeStoreUnavailable, problem(t, resp, body).Code)
 	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
 	assert.Zero(t, e.app.runs.Load())
 }
 
+// TestRouteTTL: a route's TTL is the store's, set per endpoint as the
+// middleware names it.
 func TestRouteTTL(t *testing.T) {
-	e := setup(t, idemhttp.Options{TTL: map[string]time.Duration{"POST /v1/refunds": time.Hour}})
+	db, _ := idemtest.Open(t, &idem.Options{EndpointTTL: map[string]time.Duration{"POST /v1/refunds": time.Hour}})
+	e := setup(t, idemhttp.Options{Store: db})
 	e.call("POST", "/v1/refunds", "acme", pay, "k")
-	rec, err := e.db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/refunds", Key: "k"})
+	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/refunds", Key: "k"})
 	require.NoError(t, err)
 	assert.Equal(t, time.Hour, rec.ExpiresAt.Sub(rec.CreatedAt))
 }
@@ -858,14 +862,14 @@ func TestOptionsValidation(t *testing.T) {
 	assert.Contains(t, err.Error(), "Tenant is required")
 	_, err = idemhttp.New(idemhttp.Options{
 		Store: db, Tenant: bearer, Methods: []string{"post"}, KeyAlphabet: "ab c", MaxKeyLength: 300,
-		Wait: -1, MismatchStatus: 500, TTL: map[string]time.Duration{"POST /x": time.Second},
+		Wait: -1, MismatchStatus: 500,
 		Canonical: idem.CanonicalOptions{Volatile: []string{"no-slash"}},
 		Aliases:   []string{"X-Idempotency-Key", "idempotency-key"},
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `Options.Aliases: "idempotency-key" is the same header as "Idempotency-Key"`)
 	assert.NotContains(t, err.Error(), "X-Idempotency-Key")
-	for _, want := range []string{"Methods", "KeyAlphabet", "MaxKeyLength", "Wait", "MismatchStatus", `TTL["POST /x"]`, "Canonical"} {
+	for _, want := range []string{"Methods", "KeyAlphabet", "MaxKeyLength", "Wait", "MismatchStatus", "Canonical"} {
 		assert.Contains(t, err.Error(), want)
 	}
 }
@@ -901,9 +905,9 @@ func TestObserveReportsEachOutcome(t *testing.T) {
 	}{
 		{"POST", "/v1/payments", pay, "obs-1", idemhttp.OutcomeExecuted, http.StatusCreated},
 		{"POST", "/v1/payments", pay, "obs-1", idemhttp.OutcomeReplayed, http.StatusCreated},
-		{"POST", "/v1/payments", `{"amount":1}`, "obs-1", idemhttp.CodeKeyReuse, http.StatusUnprocessableEntity},
-		{"POST", "/v1/refunds", pay, "", idemhttp.CodeKeyMissing, http.StatusBadRequest},
-		{"POST", "/v1/refunds", `{"a":`, "obs-2", idemhttp.CodeBodyInvalid, http.StatusBadRequest},
+		{"POST", "/v1/payments", `{"amount":1}`, "obs-1", contract.CodeKeyReuse, http.StatusUnprocessableEntity},
+		{"POST", "/v1/refunds", pay, "", contract.CodeKeyMissing, http.StatusBadRequest},
+		{"POST", "/v1/refunds", `{"a":`, "obs-2", contract.CodeBodyInvalid, http.StatusBadRequest},
 	}
 	for _, s := range steps {
 		var keys []string
@@ -936,7 +940,7 @@ func TestAnswerWaitsForItsRecord(t *testing.T) {
 	}
 	resp, body := e.call("POST", "/v1/payments", "acme", pay, "held-1")
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-	assert.Equal(t, idemhttp.CodeStoreUnavailable, problem(t, resp, body).Code)
+	assert.Equal(t, contract.CodeStoreUnavailable, problem(t, resp, body).Code)
 	assert.Equal(t, "held-1", resp.Header.Get("Idempotency-Key"))
 	assert.NotEqual(t, "4", resp.Header.Get("Content-Length"), "nothing of the handler's answer leaks")
 	assert.NotContains(t, body, "paid")

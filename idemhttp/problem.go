@@ -8,21 +8,6 @@ import (
 	"time"
 )
 
-// The stable codes of idemhttp's problem responses. Clients may rely on
-// them; the human-readable detail may change.
-const (
-	CodeKeyMissing       = "idempotency_key_missing" // 400
-	CodeKeyInvalid       = "idempotency_key_invalid" // 400
-	CodeBodyInvalid      = "request_body_invalid"    // 400, with body_error naming the defect
-	CodeTenantMissing    = "tenant_missing"          // 401
-	CodeInProgress       = "request_in_progress"     // 409, with Retry-After
-	CodeKeyReuse         = "idempotency_key_reuse"   // 422 (Options.MismatchStatus)
-	CodeOutcomePending   = "outcome_pending"         // 409
-	CodePayloadTooLarge  = "payload_too_large"       // 413
-	CodeURITooLong       = "uri_too_long"            // 414, the endpoint is too long to store
-	CodeStoreUnavailable = "store_unavailable"       // 503
-)
-
 // ProblemType is the media type of every error idemhttp answers itself.
 const ProblemType = "application/problem+json"
 

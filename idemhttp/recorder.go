@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/idemkv/idem/contract"
 )
 
 // recorder holds a handler's response and keeps a copy to store. The
@@ -55,8 +57,8 @@ func (r *recorder) WriteHeader(status int) {
 	}
 	// A handler may have added the key again (a proxy copying an upstream
 	// echo); the answer carries it once, as its replay will.
-	if vs := r.w.Header().Values(headerKey); len(vs) > 1 {
-		r.w.Header().Set(headerKey, vs[0])
+	if vs := r.w.Header().Values(contract.HeaderKey); len(vs) > 1 {
+		r.w.Header().Set(contract.HeaderKey, vs[0])
 	}
 	r.status = status
 	r.header = storableHeader(r.w.Header(), r.outer)
@@ -230,7 +232,7 @@ func (r *recorder) trailers(prefixed bool) http.Header {
 var hopByHop = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Transfer-Encoding": true, "Upgrade": true, "Date": true,
-	headerKey: true, headerReplayed: true, headerBodyOmitted: true,
+	contract.HeaderKey: true, contract.HeaderReplayed: true, contract.HeaderBodyOmitted: true,
 }
 
 // appendPrefix marks, in a stored header, the values a handler added to a

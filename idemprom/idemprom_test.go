@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemprom"
 	"github.com/idemkv/idem/internal/idemtest"
@@ -181,7 +182,7 @@ func TestCollectorClosedStore(t *testing.T) {
 
 func TestNewCollectorNil(t *testing.T) {
 	_, err := idemprom.NewCollector(nil)
-	assert.EqualError(t, err, "idemprom: NewCollector needs a DB")
+	assert.EqualError(t, err, "idemprom: NewCollector needs a store")
 }
 
 func TestObserver(t *testing.T) {
@@ -196,9 +197,9 @@ func TestObserver(t *testing.T) {
 		{Endpoint: pay, Outcome: idemhttp.OutcomeExecuted, Status: 400, Duration: 2 * time.Millisecond},
 		{Endpoint: pay, Outcome: idemhttp.OutcomeReplayed, Status: 201, Duration: time.Millisecond / 2},
 		{Endpoint: pay, Outcome: idemhttp.OutcomeReplayed, Status: 201, Duration: time.Millisecond / 2},
-		{Endpoint: pay, Outcome: idemhttp.CodeInProgress, Status: 409},
-		{Endpoint: pay, Outcome: idemhttp.CodeKeyReuse, Status: 422},
-		{Endpoint: "POST /v1/refunds", Outcome: idemhttp.CodeKeyMissing, Status: 400},
+		{Endpoint: pay, Outcome: contract.CodeInProgress, Status: 409},
+		{Endpoint: pay, Outcome: contract.CodeKeyReuse, Status: 422},
+		{Endpoint: "POST /v1/refunds", Outcome: contract.CodeKeyMissing, Status: 400},
 	} {
 		obs.Observe(o)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/idemtest"
 )
@@ -214,7 +215,7 @@ func runFaultRound(t *testing.T, rng *rand.Rand, kind faultKind) faultRound {
 			case w.Code == http.StatusCreated:
 				assert.Equal(t, answered[key], w.Body.Bytes())
 			case w.Code == http.StatusServiceUnavailable:
-				assert.Contains(t, w.Body.String(), idemhttp.CodeStoreUnavailable)
+				assert.Contains(t, w.Body.String(), contract.CodeStoreUnavailable)
 				res.unavailable++
 			case w.Code == http.StatusConflict:
 				// An earlier answer whose outcome could not be stored.

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/crashtest"
 	"github.com/idemkv/idem/internal/idemtest"
@@ -64,7 +65,7 @@ var invalidUTF8 = []string{"\xff", "\xfe", "\xc0\xaf", "\xe0\x80\xaf", "\xed\xa0
 func hostileInputs() []hostile {
 	var in []hostile
 	bad := func(class, body string) {
-		in = append(in, hostile{class: class, body: body, status: 400, code: idemhttp.CodeBodyInvalid})
+		in = append(in, hostile{class: class, body: body, status: 400, code: contract.CodeBodyInvalid})
 	}
 	for _, d := range malformedJSON {
 		bad("malformed JSON", d)
@@ -117,17 +118,17 @@ func hostileInputs() []hostile {
 	for _, v := range []string{"", " ", "\t", `""`, `" "`, strings.Repeat("k", 256), `"` + strings.Repeat("k", 256) + `"`,
 		"key!", "a b", "a,b", "a;b", "ключ", "k\x00", "k\x7f", "k\x80", "k\xff", "a\tb", `"abc`, `abc"`, `"a\b"`, `"a"b"`,
 		`"a\"`, `"\`, `"` + "\x01" + `"`, "a/b", "a.b", "a:b", "(a)", "a=", "*", "a\\b", `"a" "b"`} {
-		key("bad key", v, idemhttp.CodeKeyInvalid)
+		key("bad key", v, contract.CodeKeyInvalid)
 	}
 	in = append(in,
-		hostile{class: "bad key", body: `{}`, header: []string{"Idempotency-Key", "DROP", "Idempotency-Key", "k1", "Idempotency-Key", "k1"}, status: 400, code: idemhttp.CodeKeyInvalid},
-		hostile{class: "bad key", body: `{}`, header: []string{"Idempotency-Key", "DROP"}, status: 400, code: idemhttp.CodeKeyMissing},
-		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "DROP"}, status: 401, code: idemhttp.CodeTenantMissing},
-		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "   "}, status: 401, code: idemhttp.CodeTenantMissing},
-		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "t1", crashtest.TenantHeader, "t1"}, status: 401, code: idemhttp.CodeTenantMissing},
-		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, strings.Repeat("t", 256)}, status: 401, code: idemhttp.CodeTenantMissing},
-		hostile{class: "oversized body", body: `"` + strings.Repeat("x", 1<<20) + `"`, status: 413, code: idemhttp.CodePayloadTooLarge},
-		hostile{class: "oversized body", body: strings.Repeat("[", 3<<20), status: 413, code: idemhttp.CodePayloadTooLarge},
+		hostile{class: "bad key", body: `{}`, header: []string{"Idempotency-Key", "DROP", "Idempotency-Key", "k1", "Idempotency-Key", "k1"}, status: 400, code: contract.CodeKeyInvalid},
+		hostile{class: "bad key", body: `{}`, header: []string{"Idempotency-Key", "DROP"}, status: 400, code: contract.CodeKeyMissing},
+		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "DROP"}, status: 401, code: contract.CodeTenantMissing},
+		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "   "}, status: 401, code: contract.CodeTenantMissing},
+		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "t1", crashtest.TenantHeader, "t1"}, status: 401, code: contract.CodeTenantMissing},
+		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, strings.Repeat("t", 256)}, status: 401, code: contract.CodeTenantMissing},
+		hostile{class: "oversized body", body: `"` + strings.Repeat("x", 1<<20) + `"`, status: 413, code: contract.CodePayloadTooLarge},
+		hostile{class: "oversized body", body: strings.Repeat("[", 3<<20), status: 413, code: contract.CodePayloadTooLarge},
 	)
 	return in
 }

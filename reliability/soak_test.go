@@ -200,7 +200,7 @@ func TestSoakInProcess(t *testing.T) {
 	client.CloseIdleConnections()
 	srv.Close()
 	after := settle(runtime.NumGoroutine, before)
-	m, err := db.Metrics()
+	m, err := db.Metrics(context.Background())
 	require.NoError(t, err)
 
 	assert.Empty(t, errs, "zero errors")

@@ -43,7 +43,7 @@ type modelRecord struct {
 }
 
 type heldLease struct {
-	l     *idem.Lease
+	l     idem.Lease
 	scope idem.Scope
 	claim int
 }

@@ -43,7 +43,7 @@ hashes for a JSON body.
 		fmt.Fprintf(stderr, "idem canon: %v\n", err)
 		return 1
 	}
-	out, err := idem.CanonicalizeWith(src, idem.CanonicalOptions{Profile: p})
+	out, err := idem.Canonicalize(src, idem.CanonicalOptions{Profile: p})
 	if err != nil {
 		fmt.Fprintf(stderr, "idem canon: %s\n", describe(name, src, err))
 		return 1

@@ -98,7 +98,7 @@ structured line. The store must not be held by a running serve or proxy.
 	// Read first so that the log says what the record was before: the
 	// takeover makes it in progress under a new lease.
 	prev, err := db.Get(ctx, *scope)
-	var lease *idem.Lease
+	var lease idem.Lease
 	if err == nil {
 		lease, err = db.TakeOver(ctx, *scope)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -226,7 +227,7 @@ func (a *paymentsAPI) createPayment(w http.ResponseWriter, r *http.Request) {
 func (a *paymentsAPI) getPayment(w http.ResponseWriter, r *http.Request) {
 	tenant, err := bearerToken(r)
 	if err != nil {
-		writeProblem(w, idemhttp.Problem{Status: http.StatusUnauthorized, Code: idemhttp.CodeTenantMissing, Detail: err.Error()})
+		writeProblem(w, idemhttp.Problem{Status: http.StatusUnauthorized, Code: contract.CodeTenantMissing, Detail: err.Error()})
 		return
 	}
 	a.mu.Lock()

@@ -63,13 +63,15 @@ its /metrics endpoint reports the same figures.
 		st.Records++
 		st.ByState[rec.State.String()]++
 	}
-	m, err := db.Metrics()
+	m, err := db.Metrics(context.Background())
 	if err != nil {
 		fmt.Fprintf(stderr, "idem stats: %v\n", err)
 		return closeStore("stats", db, 1, stderr)
 	}
 	st.Overdue, st.OldestInProgress, st.Expired = m.Overdue, m.OldestInProgress.Seconds(), m.Expired
-	st.DiskBytes, st.ReadAmp = m.DiskBytes, m.ReadAmp
+	disk, _ := m.Figure(idem.FigureDiskBytes)
+	readAmp, _ := m.Figure(idem.FigureReadAmp)
+	st.DiskBytes, st.ReadAmp = uint64(disk), int(readAmp)
 	if *asJSON {
 		json.NewEncoder(stdout).Encode(st)
 		return closeStore("stats", db, 0, stderr)

@@ -39,7 +39,7 @@ var bigBody = []byte(strings.Repeat("0123456789abcdef", 100<<10/16))
 // seedStore writes one record of each kind into a new store in dir, with
 // creation times in the real past so that the tools, which read the real
 // clock, see them aged: stuck was claimed two hours ago and its lease ran
-// out, expired is two days old with a one-day TTL, fresh holds a lease for
+// out, expired ran out of its thirty-day TTL two days ago, fresh holds a lease for
 // ten more minutes.
 func seedStore(t *testing.T, dir string) {
 	t.Helper()
@@ -49,9 +49,9 @@ func seedStore(t *testing.T, dir string) {
 		Lease: 10 * time.Minute, TTL: 30 * 24 * time.Hour})
 	require.NoError(t, err)
 	ctx := context.Background()
-	claim := func(s idem.Scope, when time.Time, opts ...idem.ClaimOption) *idem.Lease {
+	claim := func(s idem.Scope, when time.Time) idem.Lease {
 		at = when
-		l, rec, err := db.Claim(ctx, s, idem.Fingerprint{1, 2, 3}, opts...)
+		l, rec, err := db.Claim(ctx, s, idem.Fingerprint{1, 2, 3})
 		require.NoError(t, err)
 		require.Nil(t, rec)
 		return l
@@ -61,7 +61,7 @@ func seedStore(t *testing.T, dir string) {
 	claim(seeded.stuck, now.Add(-2*time.Hour))
 	require.NoError(t, claim(seeded.unknown, now.Add(-30*time.Minute)).MarkUnknown(ctx))
 	claim(seeded.fresh, now)
-	require.NoError(t, claim(seeded.expired, now.Add(-48*time.Hour), idem.WithTTL(24*time.Hour)).Complete(ctx, idem.Response{Status: 200}))
+	require.NoError(t, claim(seeded.expired, now.Add(-32*24*time.Hour)).Complete(ctx, idem.Response{Status: 200}))
 	require.NoError(t, claim(seeded.failed, now.Add(-5*time.Minute)).MarkFailed(ctx))
 	require.NoError(t, claim(seeded.big, now.Add(-time.Minute)).Complete(ctx, idem.Response{Status: 200, Body: bigBody}))
 	require.NoError(t, db.Close())

@@ -1,4 +1,4 @@
-package idem
+package contract
 
 import (
 	"errors"
@@ -27,23 +27,18 @@ var (
 	// ErrCompleted: the record already holds a response, which is never
 	// overwritten; returned by TakeOver.
 	ErrCompleted = errors.New("idem: record already completed")
-	// ErrClosed: the DB has been closed.
+	// ErrClosed: the store has been closed.
 	ErrClosed = errors.New("idem: database closed")
 	// ErrInvalidScope: the tenant, endpoint or key is empty or too long.
 	ErrInvalidScope = errors.New("idem: invalid scope")
 	// ErrInvalidResponse: a response to store is out of range (status
 	// outside 100-999).
 	ErrInvalidResponse = errors.New("idem: invalid response")
-	// ErrInvalidOptions: Options failed validation at Open.
+	// ErrInvalidOptions: a store's or a component's options failed
+	// validation.
 	ErrInvalidOptions = errors.New("idem: invalid options")
-	// ErrLocked: another DB handle, in this process or another, holds the
-	// directory.
-	ErrLocked = errors.New("idem: data directory is in use")
-	// ErrNoStore: Open with Options.MustExist found no store in the
-	// directory.
-	ErrNoStore = errors.New("idem: no store in directory")
 	// ErrCorrupt: a stored value or the schema marker cannot be decoded.
-	ErrCorrupt = errCorrupt
+	ErrCorrupt = errors.New("idem: corrupt record")
 )
 
 // KeyError is the error a claim gets when the key is already taken. Err is

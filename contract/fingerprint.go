@@ -1,4 +1,4 @@
-package idem
+package contract
 
 import "encoding/hex"
 

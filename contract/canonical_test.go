@@ -1,4 +1,4 @@
-package idem_test
+package contract_test
 
 import (
 	"crypto/sha256"
@@ -11,15 +11,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem"
+	idem "github.com/idemkv/idem/contract"
 )
 
 func TestCanonicalize(t *testing.T) {
-	out, err := idem.Canonicalize([]byte(`{ "b": 4.2e3, "a": [9007199254740993, -0] }`))
+	out, err := idem.Canonicalize([]byte(`{ "b": 4.2e3, "a": [9007199254740993, -0] }`), idem.CanonicalOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, `{"a":[9007199254740993,0],"b":4200}`, string(out))
 
-	out, err = idem.CanonicalizeWith([]byte(`{"b":4.2e3,"a":[9007199254740993,-0],"ts":1}`),
+	out, err = idem.Canonicalize([]byte(`{"b":4.2e3,"a":[9007199254740993,-0],"ts":1}`),
 		idem.CanonicalOptions{Profile: idem.ProfileJCS, Volatile: []string{"/ts"}})
 	require.NoError(t, err)
 	assert.Equal(t, `{"a":[9007199254740992,0],"b":4200}`, string(out))
@@ -45,7 +45,7 @@ func TestCanonicalizeErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.code, func(t *testing.T) {
-			out, err := idem.CanonicalizeWith([]byte(c.in), c.o)
+			out, err := idem.Canonicalize([]byte(c.in), c.o)
 			require.ErrorIs(t, err, idem.ErrInvalidBody)
 			assert.Nil(t, out)
 			var be *idem.BodyError
@@ -58,7 +58,7 @@ func TestCanonicalizeErrors(t *testing.T) {
 }
 
 func TestCanonicalOptionsValidation(t *testing.T) {
-	_, err := idem.CanonicalizeWith([]byte(`{}`), idem.CanonicalOptions{
+	_, err := idem.Canonicalize([]byte(`{}`), idem.CanonicalOptions{
 		Profile: 7, Volatile: []string{"/ok", "no-slash", ""}, MaxDepth: -1, MaxBytes: -1,
 	})
 	require.Error(t, err)
@@ -246,14 +246,14 @@ func ExampleRequest_Fingerprint() {
 }
 
 func ExampleCanonicalize() {
-	out, err := idem.Canonicalize([]byte(`{"b": 4.20, "a": "\u00e9"}`))
+	out, err := idem.Canonicalize([]byte(`{"b": 4.20, "a": "\u00e9"}`), idem.CanonicalOptions{})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	fmt.Println(string(out))
 
-	_, err = idem.Canonicalize([]byte(`{"a": 1, "a": 2}`))
+	_, err = idem.Canonicalize([]byte(`{"a": 1, "a": 2}`), idem.CanonicalOptions{})
 	var be *idem.BodyError
 	if errors.As(err, &be) {
 		fmt.Println(be.Code, be.Offset)

@@ -1,0 +1,31 @@
+package contract
+
+// Header fields of the HTTP contract, shared by the server middleware
+// (idemhttp, idem proxy) and the client (idemclient).
+const (
+	// HeaderKey carries the idempotency key, unless a deployment names
+	// another field.
+	HeaderKey = "Idempotency-Key"
+	// HeaderReplayed is "true" on a response the server answered from its
+	// store instead of running the operation again.
+	HeaderReplayed = "Idempotent-Replayed"
+	// HeaderBodyOmitted is "true" on a replay whose body was too large to
+	// store.
+	HeaderBodyOmitted = "Idempotent-Body-Omitted"
+)
+
+// The stable codes of the contract's problem responses (RFC 9457 documents
+// with a code member). Clients may rely on them; the human-readable detail
+// may change.
+const (
+	CodeKeyMissing       = "idempotency_key_missing" // 400
+	CodeKeyInvalid       = "idempotency_key_invalid" // 400
+	CodeBodyInvalid      = "request_body_invalid"    // 400, with body_error naming the defect
+	CodeTenantMissing    = "tenant_missing"          // 401
+	CodeInProgress       = "request_in_progress"     // 409, with Retry-After: retry with the same key
+	CodeKeyReuse         = "idempotency_key_reuse"   // 422: the key belongs to another request
+	CodeOutcomePending   = "outcome_pending"         // 409: an earlier attempt must be resolved; do not retry
+	CodePayloadTooLarge  = "payload_too_large"       // 413
+	CodeURITooLong       = "uri_too_long"            // 414, the endpoint is too long to store
+	CodeStoreUnavailable = "store_unavailable"       // 503
+)
