@@ -64,7 +64,7 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 	}
 	m, err := db.Metrics(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, int64(nkeys), m.Claims)
-	assert.Equal(t, int64(workers*nkeys-nkeys), m.Replays+m.Conflicts)
+	assert.Equal(t, int64(nkeys), m.Events[idem.EventClaimed])
+	assert.Equal(t, int64(workers*nkeys-nkeys), m.Events[idem.EventReplayed]+m.Events[idem.EventConflict])
 	require.NoError(t, db.CheckConsistency())
 }

@@ -22,6 +22,7 @@ type (
 	Filter          = contract.Filter          // see contract.Filter
 	Metrics         = contract.Metrics         // see contract.Metrics
 	Figure          = contract.Figure          // see contract.Figure
+	Event           = contract.Event           // see contract.Event
 	ReconcileResult = contract.ReconcileResult // see contract.ReconcileResult
 	SweepResult     = contract.SweepResult     // see contract.SweepResult
 	CompactProgress = contract.CompactProgress // see contract.CompactProgress
@@ -33,6 +34,22 @@ const (
 	StateCompleted  = contract.StateCompleted
 	StateFailed     = contract.StateFailed
 	StateUnknown    = contract.StateUnknown
+)
+
+// The events a store counts and logs; see contract.Event.
+const (
+	EventClaimed    = contract.EventClaimed
+	EventReplayed   = contract.EventReplayed
+	EventConflict   = contract.EventConflict
+	EventMismatch   = contract.EventMismatch
+	EventPending    = contract.EventPending
+	EventCompleted  = contract.EventCompleted
+	EventReleased   = contract.EventReleased
+	EventUnknown    = contract.EventUnknown
+	EventFailed     = contract.EventFailed
+	EventTakenOver  = contract.EventTakenOver
+	EventReconciled = contract.EventReconciled
+	EventSwept      = contract.EventSwept
 )
 
 // Limits on a Scope; see contract.MaxKeyBytes.

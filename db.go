@@ -22,6 +22,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkv/idem/compaction"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/internal/keys"
 )
 
@@ -55,7 +56,7 @@ type DB struct {
 	sweeper *compaction.Sweeper
 	seed    maphash.Seed
 	stripes [numStripes]stripe
-	stats   counters
+	tally   contract.Tally
 	waiting waiters
 
 	filters  atomic.Pointer[filterPair]
@@ -412,8 +413,7 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (Lease, *Recor
 	if err != nil {
 		return nil, nil, err
 	}
-	db.stats.claims.Add(1)
-	db.event(EventClaimed, s, &rec.Record, start)
+	db.note(EventClaimed, s, &rec.Record, start)
 	return &lease{db: db, rk: rk, scope: s, rec: *rec, val: v, writes: mu.writes, start: start}, nil, nil
 }
 
@@ -428,12 +428,11 @@ func (db *DB) Options() Options {
 // began at start.
 func (db *DB) answerLocked(rk []byte, s Scope, rec *stored, fp Fingerprint, now, start time.Time) (*Record, error) {
 	rec.Scope = s
-	refuse := func(event string, err error, retry time.Duration) error {
-		db.event(event, s, &rec.Record, start)
+	refuse := func(event Event, err error, retry time.Duration) error {
+		db.note(event, s, &rec.Record, start)
 		return &KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: s.Tenant, Endpoint: s.Endpoint}
 	}
 	if rec.Fingerprint != fp {
-		db.stats.mismatches.Add(1)
 		// The event shows the stored fingerprint: the one a client keeps
 		// colliding with is what a person debugging the 422 looks for.
 		return nil, refuse(EventMismatch, ErrFingerprintMismatch, 0)
@@ -443,14 +442,11 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *stored, fp Fingerprint, now,
 		if err := db.loadBody(rk, rec); err != nil {
 			return nil, err
 		}
-		db.stats.replays.Add(1)
-		db.event(EventReplayed, s, &rec.Record, start)
+		db.note(EventReplayed, s, &rec.Record, start)
 		return &rec.Record, nil
 	case rec.State == StateInProgress && now.Before(rec.LeaseUntil):
-		db.stats.conflicts.Add(1)
 		return nil, refuse(EventConflict, ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
 	default:
-		db.stats.pending.Add(1)
 		return nil, refuse(EventPending, ErrOutcomePending, 0)
 	}
 }

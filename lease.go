@@ -122,11 +122,10 @@ func (l *lease) update(ctx context.Context, change func(next *stored, now time.T
 		if err := db.deleteLocked(l.rk, cur); err != nil {
 			return err
 		}
-		db.stats.releases.Add(1)
 		db.waiting.wake(l.rk)
 		gone := cur.Record
 		gone.State = 0 // the event reports the state after the transition
-		db.event(EventReleased, l.scope, &gone, l.start)
+		db.note(EventReleased, l.scope, &gone, l.start)
 		l.rec.State, l.val = 0, nil
 		return nil
 	}
@@ -143,14 +142,11 @@ func (l *lease) update(ctx context.Context, change func(next *stored, now time.T
 	}
 	switch next.State {
 	case StateCompleted:
-		db.stats.completions.Add(1)
-		db.event(EventCompleted, l.scope, &next.Record, l.start)
+		db.note(EventCompleted, l.scope, &next.Record, l.start)
 	case StateUnknown:
-		db.stats.unknowns.Add(1)
-		db.event(EventUnknown, l.scope, &next.Record, l.start)
+		db.note(EventUnknown, l.scope, &next.Record, l.start)
 	case StateFailed:
-		db.stats.failures.Add(1)
-		db.event(EventFailed, l.scope, &next.Record, l.start)
+		db.note(EventFailed, l.scope, &next.Record, l.start)
 	}
 	l.rec, l.val, l.writes = next, v, mu.writes
 	return nil

@@ -5,20 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/idemkv/idem/internal/keys"
 )
-
-// counters are the DB's lifetime event counts.
-type counters struct {
-	claims, replays, conflicts, mismatches, pending atomic.Int64
-	completions, releases, unknowns, failures       atomic.Int64
-	reconciled                                      atomic.Int64
-}
 
 // Metrics returns a snapshot of the contract's counters and Pebble's own
 // figures. Its cost grows with the number of records that are not
@@ -32,15 +24,8 @@ func (db *DB) Metrics(ctx context.Context) (Metrics, error) {
 		return Metrics{}, err
 	}
 	defer db.exit()
-	s := &db.stats
-	m := Metrics{
-		Claims: s.claims.Load(), Replays: s.replays.Load(), Conflicts: s.conflicts.Load(),
-		Mismatches: s.mismatches.Load(), Pending: s.pending.Load(), Completions: s.completions.Load(),
-		Releases: s.releases.Load(), Unknowns: s.unknowns.Load(), Failures: s.failures.Load(),
-		Reconciled: s.reconciled.Load(),
-	}
 	sw := db.sweeper.Totals()
-	m.Swept, m.BytesReclaimed = int64(sw.Records), sw.Bytes
+	m := Metrics{Events: db.tally.Counts(), BytesReclaimed: sw.Bytes}
 
 	now := db.now()
 	err := db.scanPending(time.Unix(0, 1<<63-1), func(e pendingEntry) bool {

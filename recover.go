@@ -135,8 +135,7 @@ func (db *DB) Reconcile(ctx context.Context) (ReconcileResult, error) {
 		}
 		if after := l.Record(); after.State != StateInProgress {
 			res.Resolved++
-			db.stats.reconciled.Add(1)
-			db.event(EventReconciled, rec.Scope, &after, l.start)
+			db.note(EventReconciled, rec.Scope, &after, l.start)
 		}
 	}
 	return res, nil
@@ -221,6 +220,6 @@ func (db *DB) takeOver(s Scope, rule takeoverRule) (*lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	db.event(EventTakenOver, s, &next.Record, time.Time{})
+	db.note(EventTakenOver, s, &next.Record, time.Time{})
 	return &lease{db: db, rk: rk, scope: s, rec: next, val: v, writes: mu.writes, start: start}, nil
 }

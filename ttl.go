@@ -78,12 +78,9 @@ func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, func()
 	if err := deleteAll(b, rk, rec); err != nil {
 		return 0, nil, err
 	}
-	var done func()
-	if db.opts.Events != nil {
-		done = func() {
-			rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, _ = keys.ParseRecord(rk)
-			db.event(EventSwept, rec.Scope, &rec.Record, time.Time{})
-		}
+	done := func() {
+		rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, _ = keys.ParseRecord(rk)
+		db.note(EventSwept, rec.Scope, &rec.Record, time.Time{})
 	}
 	return rec.storedLen + rec.BodyLen*int64(min(rec.chunks, 1)), done, nil
 }

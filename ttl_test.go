@@ -60,7 +60,7 @@ func TestSweepDeletesEverythingExpired(t *testing.T) {
 
 	m, err := db.Metrics(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, int64(199), m.Swept)
+	assert.Equal(t, int64(199), m.Events[idem.EventSwept])
 	assert.Equal(t, res.Bytes, m.BytesReclaimed)
 	assert.Positive(t, figure(t, m, idem.FigureSweepCompactions))
 	assert.Zero(t, m.InProgress)

@@ -173,17 +173,10 @@ type CompactProgress struct {
 // stored now. Every backend reports the same fields; what is particular to
 // one backend is in Engine.
 type Metrics struct {
-	// Events since the store was opened.
-	Claims      int64 // claims won: operations started
-	Replays     int64 // claims answered with a stored response
-	Conflicts   int64 // claims refused with ErrInProgress
-	Mismatches  int64 // claims refused with ErrFingerprintMismatch
-	Pending     int64 // claims refused with ErrOutcomePending
-	Completions int64
-	Releases    int64
-	Unknowns    int64 // leases ended with MarkUnknown
-	Failures    int64 // leases ended with MarkFailed
-	Reconciled  int64 // overdue records resolved by the reconciler
+	// Events counts each Event since the store was opened (by this
+	// process), indexed by Event: Events[EventClaimed] is the number of
+	// claims that won their key.
+	Events [NumEvents]int64
 
 	// Stored records that are not completed.
 	InProgress       int64         // in progress, live lease or not
@@ -196,9 +189,9 @@ type Metrics struct {
 	// yet. Reads already treat them as absent.
 	Expired int64
 
-	// Expiry since the store was opened.
-	Swept          int64 // expired records deleted
-	BytesReclaimed int64 // their stored size, bodies included
+	// BytesReclaimed is the stored size of the records swept since the
+	// store was opened, bodies included.
+	BytesReclaimed int64
 
 	// Engine holds the backend's own figures (its disk use, its write
 	// batching), named as Prometheus series.

@@ -200,20 +200,20 @@ func (h *opsHarness) step(op, arg int) {
 func (h *opsHarness) completed(m *modelRecord, status int, body []byte) {
 	m.state, m.leaseUntil, m.status = idem.StateCompleted, h.clock.Now(), status
 	m.body, m.omitted = body, len(body) > opsMaxBody
-	h.counts.Completions++
+	h.counts.Events[idem.EventCompleted]++
 }
 
 func (h *opsHarness) released(k int) {
 	h.model[k] = nil
-	h.counts.Releases++
+	h.counts.Events[idem.EventReleased]++
 }
 
 func (h *opsHarness) settled(m *modelRecord, state idem.State) {
 	m.state, m.leaseUntil = state, h.clock.Now()
 	if state == idem.StateUnknown {
-		h.counts.Unknowns++
+		h.counts.Events[idem.EventUnknown]++
 	} else {
-		h.counts.Failures++
+		h.counts.Events[idem.EventFailed]++
 	}
 }
 
@@ -237,7 +237,7 @@ func (h *opsHarness) sweep() {
 		}
 	}
 	require.Equal(h.t, swept, res.Records, "records swept")
-	h.counts.Swept += int64(swept)
+	h.counts.Events[idem.EventSwept] += int64(swept)
 }
 
 // The reconciler's choices for an overdue record.
@@ -278,7 +278,7 @@ func (h *opsHarness) reconcile(arg int) {
 	require.NoError(h.t, err)
 	require.ElementsMatch(h.t, want, got, "keys handed to the reconciler")
 	require.Equal(h.t, idem.ReconcileResult{Overdue: len(want), Resolved: wantResolved}, res)
-	h.counts.Reconciled += int64(wantResolved)
+	h.counts.Events[idem.EventReconciled] += int64(wantResolved)
 }
 
 // reconcileOne is the store's Options.Reconcile: it takes the lease the
@@ -291,6 +291,7 @@ func (h *opsHarness) reconcileOne(ctx context.Context, l idem.Lease) error {
 	m := h.live(k)
 	require.NotNil(h.t, m, "key %d handed to the reconciler is not live", k)
 	h.grant(k, m, l)
+	h.counts.Events[idem.EventTakenOver]++
 	switch h.decide(k) {
 	case reconcileComplete:
 		require.NoError(h.t, l.Complete(ctx, idem.Response{Status: 200, Body: opsBodies[2]}))
@@ -354,22 +355,22 @@ func (h *opsHarness) claim(k, fp int) {
 		h.nextID++
 		h.leases[k] = append(h.leases[k], opsLeaseEntry{lease: l, id: h.nextID, epoch: h.epoch})
 		h.model[k] = &modelRecord{fp: fp, state: idem.StateInProgress, leaseUntil: now.Add(opsLease), expiresAt: now.Add(opsTTL), owner: h.nextID, createdAt: now}
-		h.counts.Claims++
+		h.counts.Events[idem.EventClaimed]++
 	case m.fp != fp:
 		require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "key %d holds fingerprint %d, claimed with %d", k, m.fp, fp)
-		h.counts.Mismatches++
+		h.counts.Events[idem.EventMismatch]++
 	case m.state == idem.StateCompleted:
 		require.NoError(t, err, "replay of key %d", k)
 		require.Nil(t, l)
 		require.NotNil(t, rec)
 		h.checkRecord(k, m, rec)
-		h.counts.Replays++
+		h.counts.Events[idem.EventReplayed]++
 	case m.state == idem.StateInProgress && now.Before(m.leaseUntil):
 		require.ErrorIs(t, err, idem.ErrInProgress, "key %d is held", k)
-		h.counts.Conflicts++
+		h.counts.Events[idem.EventConflict]++
 	default:
 		require.ErrorIs(t, err, idem.ErrOutcomePending, "key %d is %s", k, m.state)
-		h.counts.Pending++
+		h.counts.Events[idem.EventPending]++
 	}
 }
 
@@ -391,6 +392,7 @@ func (h *opsHarness) takeOver(k int) {
 		require.NoError(t, err, "takeover of key %d, %s", k, m.state)
 		require.NotNil(t, l)
 		h.grant(k, m, l)
+		h.counts.Events[idem.EventTakenOver]++
 	}
 }
 

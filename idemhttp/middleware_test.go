@@ -235,7 +235,7 @@ func TestBadKeysAreRefusedAndStoreNothing(t *testing.T) {
 	assert.Zero(t, e.app.runs.Load())
 	m, err := e.db.Metrics(context.Background())
 	require.NoError(t, err)
-	assert.Zero(t, m.Claims, "nothing was claimed")
+	assert.Zero(t, m.Events[idem.EventClaimed], "nothing was claimed")
 
 	// The limits are inclusive, and both forms of the header work.
 	for _, k := range []string{strings.Repeat("a", 255), `"quoted-key_1"`, "A-z_0"} {
@@ -287,7 +287,7 @@ func TestOtherRefusals(t *testing.T) {
 	assert.Zero(t, e.app.runs.Load())
 	m, err := e.db.Metrics(context.Background())
 	require.NoError(t, err)
-	assert.Zero(t, m.Claims)
+	assert.Zero(t, m.Events[idem.EventClaimed])
 }
 
 // TestRefusalsNameTheirCause: a path too long to store and a body over an
@@ -323,7 +323,7 @@ func TestRefusalsNameTheirCause(t *testing.T) {
 	assert.Zero(t, a.runs.Load())
 	m, err := db.Metrics(context.Background())
 	require.NoError(t, err)
-	assert.Zero(t, m.Claims)
+	assert.Zero(t, m.Events[idem.EventClaimed])
 }
 
 func TestGetPassesThrough(t *testing.T) {

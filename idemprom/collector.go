@@ -17,30 +17,9 @@ type storeMetric struct {
 	value      func(*contract.Metrics) float64
 }
 
-// storeMetrics lists every series of a Collector. It is read only.
-var storeMetrics = []storeMetric{
-	{"idem_claims_total", "Claims that won their key, so the operation ran.", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Claims) }},
-	{"idem_replays_total", "Claims answered with the response stored by an earlier attempt.", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Replays) }},
-	{"idem_conflicts_total", "Claims refused because the key was in progress (HTTP 409 request_in_progress).", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Conflicts) }},
-	{"idem_mismatches_total", "Claims refused because the key was used for a different request (HTTP 422).", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Mismatches) }},
-	{"idem_outcome_pending_total", "Claims refused because an earlier attempt's outcome is unknown or failed (HTTP 409 outcome_pending).", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Pending) }},
-	{"idem_completions_total", "Leases that stored their response.", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Completions) }},
-	{"idem_releases_total", "Leases that freed their key because nothing was committed.", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Releases) }},
-	{"idem_unknowns_total", "Leases that ended with an unknown outcome.", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Unknowns) }},
-	{"idem_failures_total", "Leases that ended marked failed.", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Failures) }},
-	{"idem_reconciled_total", "Overdue records the reconciler resolved.", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Reconciled) }},
-	{"idem_swept_records_total", "Expired records the sweeper deleted.", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.Swept) }},
+// storeMetrics lists every series of a Collector: a counter per
+// contract.Event, then the figures every backend reports. It is read only.
+var storeMetrics = append(eventMetrics(), []storeMetric{
 	{"idem_reclaimed_bytes_total", "Size of the expired records the sweeper deleted, body chunks included.", prometheus.CounterValue,
 		func(m *contract.Metrics) float64 { return float64(m.BytesReclaimed) }},
 
@@ -58,11 +37,22 @@ var storeMetrics = []storeMetric{
 		func(m *contract.Metrics) float64 { return float64(m.Expired) }},
 	{"idem_replay_ratio", "Share of successful claims answered from the store: replays over claims plus replays, 0 before the first.", prometheus.GaugeValue,
 		func(m *contract.Metrics) float64 {
-			if n := m.Claims + m.Replays; n > 0 {
-				return float64(m.Replays) / float64(n)
+			claims, replays := m.Events[contract.EventClaimed], m.Events[contract.EventReplayed]
+			if n := claims + replays; n > 0 {
+				return float64(replays) / float64(n)
 			}
 			return 0
 		}},
+}...)
+
+// eventMetrics returns a counter series for each contract.Event.
+func eventMetrics() []storeMetric {
+	out := make([]storeMetric, contract.NumEvents)
+	for e := range contract.Event(contract.NumEvents) {
+		out[e] = storeMetric{e.Series(), e.Help(), prometheus.CounterValue,
+			func(m *contract.Metrics) float64 { return float64(m.Events[e]) }}
+	}
+	return out
 }
 
 // Collector is a prometheus.Collector over one store of the contract.

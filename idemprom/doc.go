@@ -4,25 +4,24 @@
 //
 // # What it exports
 //
-// A Collector reads DB.Metrics at scrape time and reports the store's own
-// view: counters of claims won (idem_claims_total), replays
-// (idem_replays_total), refusals (idem_conflicts_total for a key in
-// progress, idem_mismatches_total for a key reused with another request,
-// idem_outcome_pending_total for an unresolved outcome), lease endings
-// (idem_completions_total, idem_releases_total, idem_unknowns_total,
-// idem_failures_total, idem_reconciled_total), expiry
-// (idem_swept_records_total, idem_reclaimed_bytes_total,
-// idem_sweeper_compactions_total), group commit (idem_commits_total,
-// idem_wal_syncs_total) and Pebble (idem_pebble_compactions_total,
-// idem_pebble_flushes_total); gauges of the records that need attention
-// (idem_in_progress_records, idem_overdue_records,
-// idem_oldest_in_progress_age_seconds, idem_unknown_records,
-// idem_failed_records, idem_expired_records), of the disk
-// (idem_disk_usage_bytes, idem_read_amplification), and
-// idem_replay_ratio, the share of claims answered from the store. The
-// counters start from zero when the DB is opened. When the store cannot be
-// read the scrape reports an error for these metrics instead of stale
-// values.
+// A Collector reads a store's Metrics (contract.Operator) at scrape time
+// and reports the contract's view, the same for every backend: a counter
+// for each contract.Event (idem_claims_total, idem_replays_total,
+// idem_conflicts_total for a key in progress, idem_mismatches_total for a
+// key reused with another request, idem_outcome_pending_total,
+// idem_completions_total, idem_releases_total, idem_unknowns_total,
+// idem_failures_total, idem_takeovers_total, idem_reconciled_total,
+// idem_swept_records_total), idem_reclaimed_bytes_total, gauges of the
+// records that need attention (idem_in_progress_records,
+// idem_overdue_records, idem_oldest_in_progress_age_seconds,
+// idem_unknown_records, idem_failed_records, idem_expired_records), and
+// idem_replay_ratio, the share of claims answered from the store. Beside
+// them it reports the backend's own figures under their own names: for the
+// embedded store, group commit (idem_commits_total, idem_wal_syncs_total),
+// the sweeper's and Pebble's compactions, flushes, disk use
+// (idem_disk_usage_bytes) and read amplification. The counters start from
+// zero when the store is opened. When the store cannot be read the scrape
+// reports an error for these metrics instead of stale values.
 //
 // An Observer plugs into idemhttp.Options.Observe and counts what the
 // middleware answered: idem_http_requests_total{endpoint,outcome,code}

@@ -205,10 +205,10 @@ func TestSoakInProcess(t *testing.T) {
 
 	assert.Empty(t, errs, "zero errors")
 	assert.LessOrEqual(t, after, before, "goroutines leaked:\n%s", goroutineDump())
-	assert.Positive(t, m.Swept, "the sweep must have run under load")
+	assert.Positive(t, m.Events[idem.EventSwept], "the sweep must have run under load")
 	assert.Less(t, heapEnd.HeapInuse, heapStart.HeapInuse+160<<20)
 	t.Logf("in-process soak: %s, %d clients, %d requests, %d executions, errors %d; swept %d records in the meantime",
-		*soakFor/2, soakClients, requests, runs.Load(), len(errs), m.Swept)
+		*soakFor/2, soakClients, requests, runs.Load(), len(errs), m.Events[idem.EventSwept])
 	t.Logf("in-process heap in use: %d MiB after warm-up, %d MiB at the end; goroutines %d before, %d after", heapStart.HeapInuse>>20, heapEnd.HeapInuse>>20, before, after)
 }
 
