@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"errors"
 
 	"github.com/idemkv/idem/contract"
@@ -96,3 +97,14 @@ func DownstreamKey(s Scope, step string) string { return contract.DownstreamKey(
 
 // DB is the embedded backend of the contract.
 var _ Operator = (*DB)(nil)
+
+// ErrNoEffect is contract.ErrNoEffect: what an operation run by Do returns
+// when it provably took no effect.
+var ErrNoEffect = contract.ErrNoEffect
+
+// Do is contract.Do: it runs fn at most once under a claim on store and
+// records its outcome, the managed form of Claim and Lease.
+func Do(ctx context.Context, store Store, s Scope, fp Fingerprint,
+	fn func(ctx context.Context, l Lease) (Response, error)) (resp Response, replayed bool, err error) {
+	return contract.Do(ctx, store, s, fp, fn)
+}
