@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/idemkv/idem/internal/walfs"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -42,7 +43,7 @@ func TestYieldingComparerOrdersLikeBytes(t *testing.T) {
 // commits, while one caller fills a group past maxGroupBytes and two more
 // arrive: they must form a group of their own, and every write must land.
 func TestGroupClosesAtByteCap(t *testing.T) {
-	pdb, err := pebble.Open("db", &pebble.Options{FS: vfs.NewMem(), Logger: pebbleLogger{slog.New(slog.DiscardHandler)}})
+	pdb, err := pebble.Open("db", &pebble.Options{FS: vfs.NewMem(), Logger: walfs.Logger{L: slog.New(slog.DiscardHandler)}})
 	require.NoError(t, err)
 	defer pdb.Close()
 	c := newCommitter(pdb, new(atomic.Bool))

@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
-	"log/slog"
 	"maps"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -24,6 +22,7 @@ import (
 	"github.com/idemkv/idem/compaction"
 	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/internal/keys"
+	"github.com/idemkv/idem/internal/walfs"
 )
 
 // recordKey is the Pebble key of s's record.
@@ -50,7 +49,7 @@ const chunkBytes = 64 << 10
 type DB struct {
 	opts    Options
 	pdb     *pebble.DB
-	wal     *walFS
+	wal     *walfs.FS
 	lock    *pebble.Lock
 	commits *committer
 	sweeper *compaction.Sweeper
@@ -111,13 +110,13 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v (close the other handle or stop the process that holds it, or use another directory)", ErrLocked, dir, err)
 	}
-	wal := newWALFS(o.FS)
+	wal := walfs.New(o.FS)
 	yield := new(atomic.Bool)
 	popts := &pebble.Options{
 		Comparer:           yieldingComparer(yield),
 		FS:                 wal,
 		Lock:               lock,
-		Logger:             pebbleLogger{o.Logger},
+		Logger:             walfs.Logger{L: o.Logger},
 		CacheSize:          o.CacheBytes + memTableShare,
 		MemTableSize:       memTableBytes,
 		FormatMajorVersion: pebble.FormatNewest,
@@ -169,13 +168,13 @@ func Open(dir string, opts *Options) (*DB, error) {
 		lock.Close()
 		return nil, fmt.Errorf("idem: open %s: %w", dir, err)
 	}
-	wal.live.Store(true)
+	wal.SetLive(true)
 	db := &DB{opts: o, pdb: pdb, wal: wal, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{}), refilter: make(chan struct{}, 1), minFilter: minFilterKeys}
 	db.filters.Store(&filterPair{})
 	db.commits = newCommitter(pdb, yield)
 	if err := db.checkSchema(); err != nil {
 		db.commits.close()
-		wal.live.Store(false)
+		wal.SetLive(false)
 		pdb.Close()
 		lock.Close()
 		return nil, err
@@ -257,7 +256,7 @@ func (db *DB) Close() error {
 		db.ops.Unlock()
 		db.waiting.wakeAll()
 		db.commits.close()
-		db.wal.live.Store(false)
+		db.wal.SetLive(false)
 		db.closeErr = errors.Join(db.pdb.Close(), db.lock.Close())
 	})
 	return db.closeErr
@@ -649,28 +648,3 @@ func (db *DB) Get(ctx context.Context, s Scope) (*Record, error) {
 	}
 	return &rec.Record, nil
 }
-
-// pebbleLogger keeps Pebble's chatter away from users: informational lines
-// are dropped, errors go to idem's logger, and a fatal error, which Pebble
-// raises when the write-ahead log cannot be written or synced, ends the
-// process. Continuing would risk acknowledging a write that is not on disk.
-type pebbleLogger struct{ l *slog.Logger }
-
-func (pebbleLogger) Infof(string, ...any) {}
-
-func (p pebbleLogger) Errorf(format string, args ...any) {
-	p.l.Error("idem: storage error", "err", fmt.Sprintf(format, args...))
-}
-
-func (pebbleLogger) Fatalf(format string, args ...any) {
-	exitOnStorageFault(fmt.Sprintf(format, args...))
-}
-
-func exitOnStorageFault(msg string) {
-	fmt.Fprintf(os.Stderr, "idem: fatal storage error, exiting so that no unsynced write is acknowledged: %s\n", msg)
-	os.Exit(fatalExitCode)
-}
-
-// fatalExitCode is the process exit status after a fatal storage error
-// (EX_IOERR in sysexits.h).
-const fatalExitCode = 74

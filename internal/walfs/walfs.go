@@ -1,8 +1,14 @@
-package idem
+// Package walfs wraps the filesystem under the embedded store's Pebble
+// database: it keeps synced zeros ahead of each write-ahead log's end, and
+// it carries the fatal-fault policy, ending the process at the first
+// failure that could let an unsynced write be acknowledged.
+package walfs
 
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,12 +24,12 @@ import (
 // write. Pebble reuses old log files once it has some, but a fresh store,
 // and each log beyond the reused ones, grows its file one write at a time.
 //
-// walFS therefore keeps a stretch of written, synced zeros ahead of the end
+// FS therefore keeps a stretch of written, synced zeros ahead of the end
 // of each log file, filled in the background, so that the log's own writes
 // land on existing blocks. Pebble reads a run of zeros after the last record
 // as the end of the log: it is what preallocation leaves behind.
 //
-// walFS also ends the process at the first failed write, sync or close of
+// FS also ends the process at the first failed write, sync or close of
 // a log, on disk or in memory. Pebble treats each of these as fatal too,
 // but not always by calling its logger's Fatalf: when the failure meets a
 // memtable rotation, Pebble panics with its own mutex released, and the
@@ -36,42 +42,79 @@ import (
 //
 // It also wraps the blob files that flushes and compactions write, whose
 // failures are fatal at any time: see blobFile.
-type walFS struct {
+type FS struct {
 	vfs.FS
 	ahead int64            // zeros to keep ahead of the log's end
 	chunk int64            // zeros written by one fill
 	fatal func(msg string) // ends the process on a failed log or blob file operation; returns only in tests
-	live  atomic.Bool      // set by Open once Pebble is open, cleared by Close
+	live  atomic.Bool      // set by SetLive once Pebble is open, cleared when it closes
 }
 
 // walCategory is the write category Pebble gives its log files.
 const walCategory vfs.DiskWriteCategory = "pebble-wal"
 
-// Default sizes for walFS: a fill of 4 MiB takes a few tens of
-// milliseconds, and 8 MiB ahead lasts several times that at the log rates
-// idem reaches, so the log rarely catches up with a fill.
+// FS keeps ZeroAhead bytes of zeros ahead of a log's end, written
+// ZeroChunk at a time: a fill of a chunk takes a few tens of milliseconds,
+// and what is kept ahead lasts several times that at the rates the log is
+// written, so the log rarely catches up with a fill.
 const (
-	walZeroAhead = 8 << 20
-	walZeroChunk = 4 << 20
+	ZeroAhead = 8 << 20
+	ZeroChunk = 4 << 20
 )
 
-func newWALFS(fs vfs.FS) *walFS {
-	return &walFS{FS: fs, ahead: walZeroAhead, chunk: walZeroChunk, fatal: exitOnStorageFault}
+// New wraps fs.
+func New(fs vfs.FS) *FS {
+	return &FS{FS: fs, ahead: ZeroAhead, chunk: ZeroChunk, fatal: Exit}
 }
 
-func (fs *walFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
+// SetLive says whether the store is live: from the end of Pebble's Open to
+// the start of its Close, a failure of the log ends the process; outside,
+// it is only returned.
+func (fs *FS) SetLive(live bool) { fs.live.Store(live) }
+
+// ExitCode is the process exit status after a fatal storage error
+// (EX_IOERR in sysexits.h).
+const ExitCode = 74
+
+// Exit ends the process after a fatal storage error, with msg on standard
+// error and status ExitCode.
+func Exit(msg string) {
+	fmt.Fprintf(os.Stderr, "idem: fatal storage error, exiting so that no unsynced write is acknowledged: %s\n", msg)
+	os.Exit(ExitCode)
+}
+
+// Logger is the logger Pebble gets: informational lines are dropped,
+// errors go to l, and a fatal error, which Pebble raises when the log
+// cannot be written or synced, ends the process through Exit.
+type Logger struct{ L *slog.Logger }
+
+// Infof drops Pebble's chatter.
+func (Logger) Infof(string, ...any) {}
+
+// Errorf passes an error on to L.
+func (p Logger) Errorf(format string, args ...any) {
+	p.L.Error("idem: storage error", "err", fmt.Sprintf(format, args...))
+}
+
+// Fatalf ends the process: continuing could acknowledge a write that is
+// not on disk.
+func (Logger) Fatalf(format string, args ...any) {
+	Exit(fmt.Sprintf(format, args...))
+}
+
+func (fs *FS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := fs.FS.Create(name, category)
 	return fs.wrap(f, name, category, err)
 }
 
-func (fs *walFS) ReuseForWrite(oldname, newname string, category vfs.DiskWriteCategory) (vfs.File, error) {
+func (fs *FS) ReuseForWrite(oldname, newname string, category vfs.DiskWriteCategory) (vfs.File, error) {
 	f, err := fs.FS.ReuseForWrite(oldname, newname, category)
 	return fs.wrap(f, newname, category, err)
 }
 
 // OpenDir wraps the store's directories, whose syncs make a new log's name
 // durable.
-func (fs *walFS) OpenDir(name string) (vfs.File, error) {
+func (fs *FS) OpenDir(name string) (vfs.File, error) {
 	f, err := fs.FS.OpenDir(name)
 	if err != nil {
 		return f, err
@@ -81,21 +124,21 @@ func (fs *walFS) OpenDir(name string) (vfs.File, error) {
 
 type walDir struct {
 	vfs.File
-	fs   *walFS
+	fs   *FS
 	name string
 }
 
 func (d *walDir) Sync() error { return d.fs.check("sync", d.name, d.File.Sync()) }
 
 // check hands a failure of the log to fs.fatal, before Pebble sees it.
-func (fs *walFS) check(op, name string, err error) error {
+func (fs *FS) check(op, name string, err error) error {
 	if err != nil && fs.live.Load() {
 		fs.fatal(fmt.Sprintf("%s %s: %v", op, name, err))
 	}
 	return err
 }
 
-func (fs *walFS) wrap(f vfs.File, name string, category vfs.DiskWriteCategory, err error) (vfs.File, error) {
+func (fs *FS) wrap(f vfs.File, name string, category vfs.DiskWriteCategory, err error) (vfs.File, error) {
 	if err == nil && strings.HasSuffix(name, ".blob") {
 		return &blobFile{File: f, fs: fs, name: name}, nil
 	}
@@ -125,7 +168,7 @@ func (fs *walFS) wrap(f vfs.File, name string, category vfs.DiskWriteCategory, e
 // the end of what the log wrote.
 type walFile struct {
 	vfs.File
-	fs   *walFS
+	fs   *FS
 	name string
 
 	mu        sync.Mutex
@@ -153,7 +196,7 @@ type walFile struct {
 // A Pebble release that fixes its Close makes this wrapper unnecessary.
 type blobFile struct {
 	vfs.File
-	fs   *walFS
+	fs   *FS
 	name string
 }
 
@@ -220,7 +263,7 @@ func (w *walFile) check(op string, err error) error { return w.fs.check(op, w.na
 // fill writes a chunk of zeros from off and syncs it, so that the size and
 // the blocks are on disk before the log writes over them. A failed write (a
 // full disk, say) only stops the filling: the log then grows its file as it
-// would have without walFS, and reports its own errors. A failed sync is
+// would have without FS, and reports its own errors. A failed sync is
 // fatal like the log's own: it flushes the log's pages too, and Linux
 // reports a lost page to one sync of a descriptor only, so the log's next
 // sync could succeed over a write that never reached the disk.

@@ -1,8 +1,7 @@
-package idem
+package walfs
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -16,12 +15,12 @@ import (
 
 // smallWALFS fills in small steps, so that a short test sees many fills and
 // the log catching up with them.
-func smallWALFS() *walFS {
-	return &walFS{FS: vfs.Default, ahead: 64 << 10, chunk: 16 << 10, fatal: func(msg string) { panic(msg) }}
+func smallFS() *FS {
+	return &FS{FS: vfs.Default, ahead: 64 << 10, chunk: 16 << 10, fatal: func(msg string) { panic(msg) }}
 }
 
 func TestWALFileKeepsZerosAheadAndNeverOverwritesTheLog(t *testing.T) {
-	fs := smallWALFS()
+	fs := smallFS()
 	name := filepath.Join(t.TempDir(), "000001.log")
 	f, err := fs.Create(name, walCategory)
 	require.NoError(t, err)
@@ -59,7 +58,7 @@ func TestWALFileKeepsZerosAheadAndNeverOverwritesTheLog(t *testing.T) {
 }
 
 func TestWALFileReusedLogKeepsItsOldBlocks(t *testing.T) {
-	fs := smallWALFS()
+	fs := smallFS()
 	dir := t.TempDir()
 	old := bytes.Repeat([]byte{0xff}, 100<<10)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "000001.log"), old, 0o644))
@@ -82,14 +81,14 @@ func TestWALFileReusedLogKeepsItsOldBlocks(t *testing.T) {
 
 func TestWALFSFillsOnlyLogFilesOnDisk(t *testing.T) {
 	dir := t.TempDir()
-	disk := smallWALFS()
+	disk := smallFS()
 	table, err := disk.Create(filepath.Join(dir, "000003.sst"), "pebble-flush")
 	require.NoError(t, err)
 	defer table.Close()
 	_, wrapped := table.(*walFile)
 	assert.False(t, wrapped, "tables are written as they are")
 
-	mem := &walFS{FS: vfs.NewMem(), ahead: 64 << 10, chunk: 16 << 10}
+	mem := &FS{FS: vfs.NewMem(), ahead: 64 << 10, chunk: 16 << 10}
 	log, err := mem.Create("000001.log", walCategory)
 	require.NoError(t, err)
 	_, err = log.Write(make([]byte, 100<<10))
@@ -153,7 +152,7 @@ func TestWALFileFailureIsFatalBeforePebbleSeesIt(t *testing.T) {
 			inner, err := mem.Create(file.name, file.category)
 			require.NoError(t, err)
 			var fatal []string
-			fs := &walFS{FS: mem, fatal: func(msg string) { fatal = append(fatal, msg) }}
+			fs := &FS{FS: mem, fatal: func(msg string) { fatal = append(fatal, msg) }}
 			fs.live.Store(file.live)
 			f, err := fs.wrap(failingFile{File: inner, err: injected}, file.name, file.category, nil)
 			require.NoError(t, err)
@@ -181,7 +180,7 @@ func TestWALFileFillFailures(t *testing.T) {
 		require.NoError(t, err)
 		c.file.File = inner
 		var fatal []string
-		fs := &walFS{FS: mem, ahead: 64 << 10, chunk: 16 << 10, fatal: func(msg string) { fatal = append(fatal, msg) }}
+		fs := &FS{FS: mem, ahead: 64 << 10, chunk: 16 << 10, fatal: func(msg string) { fatal = append(fatal, msg) }}
 		fs.live.Store(true)
 		w := &walFile{File: c.file, fs: fs, name: "000004.log", filling: true}
 		w.cond.L = &w.mu
@@ -201,7 +200,7 @@ func TestWALFileFillFailures(t *testing.T) {
 func TestWALFSRotationFailuresAndLiveness(t *testing.T) {
 	injected := errors.New("injected")
 	var fatal []string
-	fs := &walFS{FS: vfs.NewMem(), fatal: func(msg string) { fatal = append(fatal, msg) }}
+	fs := &FS{FS: vfs.NewMem(), fatal: func(msg string) { fatal = append(fatal, msg) }}
 	fs.live.Store(true)
 
 	_, err := fs.wrap(nil, "000005.log", walCategory, injected)
@@ -235,48 +234,4 @@ func TestWALFSRotationFailuresAndLiveness(t *testing.T) {
 	w.lost = injected
 	assert.ErrorIs(t, w.Close(), injected, "a fill's lost sync is reported by Close")
 	assert.Empty(t, fatal)
-}
-
-// The store's own log carries zeros after its last record, on a fresh store
-// and after a crash that leaves the log unclosed; Pebble must read past
-// neither as data.
-func TestStoreReopensOverZeroedLogTail(t *testing.T) {
-	dir := t.TempDir()
-	db, err := Open(dir, &Options{SweepInterval: -1})
-	require.NoError(t, err)
-	ctx := context.Background()
-	var scopes []Scope
-	for i := range 50 {
-		s := Scope{Tenant: "t", Endpoint: "POST /x", Key: string(rune('a'+i%26)) + string(rune('a'+i/26))}
-		l, _, err := db.Claim(ctx, s, Fingerprint{byte(i)})
-		require.NoError(t, err)
-		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: []byte{byte(i)}}))
-		scopes = append(scopes, s)
-	}
-	logs, err := filepath.Glob(filepath.Join(dir, "*.log"))
-	require.NoError(t, err)
-	var zeroTail bool
-	for _, name := range logs {
-		info, err := os.Stat(name)
-		require.NoError(t, err)
-		zeroTail = zeroTail || info.Size() >= walZeroChunk
-	}
-	require.True(t, zeroTail, "the live log has zeros ahead of its end")
-
-	// A copy taken while the store is open is what a crash leaves: every
-	// acknowledged write is synced, and the log was never closed.
-	crashed := t.TempDir()
-	require.NoError(t, os.CopyFS(crashed, os.DirFS(dir)))
-	require.NoError(t, db.Close())
-
-	for _, d := range []string{crashed, dir} {
-		db, err := Open(d, &Options{SweepInterval: -1})
-		require.NoError(t, err)
-		for i, s := range scopes {
-			rec, err := db.Get(ctx, s)
-			require.NoError(t, err)
-			assert.Equal(t, []byte{byte(i)}, rec.Response.Body)
-		}
-		require.NoError(t, db.Close())
-	}
 }
