@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkv/idem/compaction"
 	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem/internal/commit"
 	"github.com/idemkv/idem/internal/keys"
 	"github.com/idemkv/idem/internal/walfs"
 )
@@ -51,7 +52,7 @@ type DB struct {
 	pdb     *pebble.DB
 	wal     *walfs.FS
 	lock    *pebble.Lock
-	commits *committer
+	commits *commit.Committer
 	sweeper *compaction.Sweeper
 	seed    maphash.Seed
 	stripes [numStripes]stripe
@@ -113,7 +114,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	wal := walfs.New(o.FS)
 	yield := new(atomic.Bool)
 	popts := &pebble.Options{
-		Comparer:           yieldingComparer(yield),
+		Comparer:           commit.Comparer(yield),
 		FS:                 wal,
 		Lock:               lock,
 		Logger:             walfs.Logger{L: o.Logger},
@@ -171,9 +172,9 @@ func Open(dir string, opts *Options) (*DB, error) {
 	wal.SetLive(true)
 	db := &DB{opts: o, pdb: pdb, wal: wal, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{}), refilter: make(chan struct{}, 1), minFilter: minFilterKeys}
 	db.filters.Store(&filterPair{})
-	db.commits = newCommitter(pdb, yield)
+	db.commits = commit.New(pdb, yield, memTableBytes/4)
 	if err := db.checkSchema(); err != nil {
-		db.commits.close()
+		db.commits.Close()
 		wal.SetLive(false)
 		pdb.Close()
 		lock.Close()
@@ -182,7 +183,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	db.sweeper = &compaction.Sweeper{
 		DB:           pdb,
 		Lock:         db.lockKeys,
-		Commit:       db.commits.commit,
+		Commit:       db.commits.Commit,
 		Expire:       db.expireLocked,
 		CompactBytes: o.CompactBytes,
 	}
@@ -217,7 +218,7 @@ func (db *DB) checkSchema() error {
 }
 
 func (db *DB) writeSchema() error {
-	return db.commits.commit(func(b *pebble.Batch) error {
+	return db.commits.Commit(func(b *pebble.Batch) error {
 		return b.Set(keys.Schema, binary.AppendUvarint(nil, schemaVersion), nil)
 	})
 }
@@ -255,7 +256,7 @@ func (db *DB) Close() error {
 		db.closed = true
 		db.ops.Unlock()
 		db.waiting.wakeAll()
-		db.commits.close()
+		db.commits.Close()
 		db.wal.SetLive(false)
 		db.closeErr = errors.Join(db.pdb.Close(), db.lock.Close())
 	})
@@ -477,7 +478,7 @@ func (db *DB) writeLocked(rk []byte, old, rec *stored, body []byte) ([]byte, err
 	if pk != nil {
 		pv = pendingValue(&rec.Record)
 	}
-	return v, db.commits.commit(func(b *pebble.Batch) error {
+	return v, db.commits.Commit(func(b *pebble.Batch) error {
 		w := batchOps{b: b}
 		if old != nil && old.chunks > 0 {
 			w.deleteRange(keys.ChunkSpan(rk))
@@ -558,7 +559,7 @@ func indexKeys(rk []byte, rec *Record) (xk, pk []byte) {
 // deleteLocked durably removes rec and everything that belongs to it.
 func (db *DB) deleteLocked(rk []byte, rec *stored) error {
 	db.stripe(rk).writes++
-	return db.commits.commit(func(b *pebble.Batch) error { return deleteAll(b, rk, rec) })
+	return db.commits.Commit(func(b *pebble.Batch) error { return deleteAll(b, rk, rec) })
 }
 
 // deleteAll adds to b the removal of rec, its index entries and its body

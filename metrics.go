@@ -50,11 +50,12 @@ func (db *DB) Metrics(ctx context.Context) (Metrics, error) {
 		return m, err
 	}
 	pm := db.pdb.Metrics()
+	commits, syncs := db.commits.Counts()
 	m.Engine = []Figure{
 		{Name: FigureCommits, Help: "Writes committed through group commit.", Counter: true,
-			Value: float64(db.commits.commits.Load())},
+			Value: float64(commits)},
 		{Name: FigureSyncs, Help: "WAL syncs behind those writes; commits divided by syncs is the batching factor.", Counter: true,
-			Value: float64(db.commits.syncs.Load())},
+			Value: float64(syncs)},
 		{Name: FigureSweepCompactions, Help: "Compactions the sweeper asked for over swept key spans.", Counter: true,
 			Value: float64(sw.Compactions)},
 		{Name: FigurePebbleCompactions, Help: "Compactions Pebble ran, automatic ones included.", Counter: true,

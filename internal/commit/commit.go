@@ -1,4 +1,6 @@
-package idem
+// Package commit is the embedded store's group commit: concurrent
+// callers' writes share one Pebble batch and one sync of the log.
+package commit
 
 import (
 	"runtime"
@@ -6,14 +8,15 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/idemkv/idem/contract"
 )
 
-// committer coalesces the writes of concurrent callers into one Pebble batch
+// Committer coalesces the writes of concurrent callers into one Pebble batch
 // and one WAL sync. A sync costs about as much for one record as for dozens,
 // so while one group's sync runs, the callers that arrive meanwhile fill the
 // next group, and that group then commits with a single sync.
 //
-// There is no committer goroutine: the first caller to join a group is its
+// There is no Committer goroutine: the first caller to join a group is its
 // leader. It waits until no other group is committing, closes its group to
 // newcomers (unless a caller already did, see maxGroupBytes) and commits
 // it; the others wait for the result. The leader is a goroutine that is
@@ -28,8 +31,9 @@ import (
 // A caller that holds a stripe lock keeps it while it waits: Pebble makes a
 // batch readable before its sync ends, and the stripe is what keeps other
 // callers of that key from reading it too early.
-type committer struct {
-	db *pebble.DB
+type Committer struct {
+	db       *pebble.DB
+	maxBytes int // see New
 	// flushing holds a token while a group commits, so that groups commit
 	// one at a time and the next one has the whole sync to fill.
 	flushing chan struct{}
@@ -39,41 +43,54 @@ type committer struct {
 	last   int    // guarded by mu: callers in the group committed last
 	closed bool   // guarded by mu
 
-	commits atomic.Int64 // caller commits, for Metrics
+	commits atomic.Int64 // caller commits
 	syncs   atomic.Int64 // group commits, each with one WAL sync
 
-	// yield is the flag of the store's comparer (yieldingComparer): set,
-	// the next comparison yields the processor.
+	// yield is the flag of the store's comparer (Comparer): set, the next
+	// comparison yields the processor.
 	yield *atomic.Bool
 }
 
 // group is one batch being filled, and then committed, for many callers.
 type group struct {
 	b      *pebble.Batch
-	n      int           // callers in the group; guarded by committer.mu
+	n      int           // callers in the group; guarded by Committer.mu
 	synced chan struct{} // closed once b is durable (or failed)
 	err    error         // set before synced is closed
 }
 
-func newCommitter(db *pebble.DB, yield *atomic.Bool) *committer {
-	c := &committer{db: db, flushing: make(chan struct{}, 1), yield: yield}
+// New returns a committer over db, whose comparer was made by Comparer
+// with yield. A group closes to newcomers once its batch holds maxBytes.
+// Completions with bodies in chunks can be megabytes each, and without a
+// bound one group could gather dozens of them: Pebble turns a batch of half
+// a memtable or more into a memtable of its own, rotating the live one for
+// it, and a batch that reaches 4 GiB makes Pebble panic. A quarter of the
+// memtable is a good bound: a group then holds at most that plus one
+// caller's writes, and a sync of that much costs so much more than its
+// fixed part that nothing is lost by splitting.
+func New(db *pebble.DB, yield *atomic.Bool, maxBytes int) *Committer {
+	c := &Committer{db: db, maxBytes: maxBytes, flushing: make(chan struct{}, 1), yield: yield}
 	c.open = c.newGroup()
 	return c
 }
 
-func (c *committer) newGroup() *group {
+// Counts returns how many callers committed and how many syncs their
+// groups took; commits divided by syncs is the batching factor.
+func (c *Committer) Counts() (commits, syncs int64) { return c.commits.Load(), c.syncs.Load() }
+
+func (c *Committer) newGroup() *group {
 	return &group{b: c.db.NewBatch(), synced: make(chan struct{})}
 }
 
-// commit adds the operations fill writes to the open group and returns once
-// they are durable. fill runs under the committer's mutex, so it must only
+// Commit adds the operations fill writes to the open group and returns once
+// they are durable. fill runs under the Committer's mutex, so it must only
 // add operations to the batch it is given, with every value prepared
 // beforehand. The operations of one call are applied atomically.
-func (c *committer) commit(fill func(b *pebble.Batch) error) error {
+func (c *Committer) Commit(fill func(b *pebble.Batch) error) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return ErrClosed
+		return contract.ErrClosed
 	}
 	g := c.open
 	if err := fill(g.b); err != nil {
@@ -84,7 +101,7 @@ func (c *committer) commit(fill func(b *pebble.Batch) error) error {
 	}
 	g.n++
 	lead := g.n == 1
-	if g.b.Len() >= maxGroupBytes {
+	if g.b.Len() >= c.maxBytes {
 		c.open = c.newGroup() // closed to newcomers
 	}
 	c.mu.Unlock()
@@ -114,29 +131,17 @@ func (c *committer) commit(fill func(b *pebble.Batch) error) error {
 	return g.err
 }
 
-// maxGroupBytes closes a group to newcomers once its batch holds this much.
-// Completions with bodies in chunks can be megabytes each, and without a
-// bound one group could gather dozens of them. Pebble turns a batch of half
-// a memtable or more into a memtable of its own, rotating the live one for
-// it, and a batch that reaches 4 GiB makes Pebble panic. A group therefore
-// holds at most this much plus one caller's writes, and a sync of a quarter
-// memtable costs so much more than its fixed part that nothing is lost by
-// splitting.
-const maxGroupBytes = memTableBytes / 4
-
 // gatherRounds bounds how many times a leader yields before committing.
 const gatherRounds = 8
 
 // gather lets callers that are about to join g do so before it closes,
-// unless a caller already closed it (maxGroupBytes). When a group's sync
+// unless a caller already closed it (see New). When a group's sync
 // ends, its callers all wake at once and need the CPU for a moment before
 // they commit again; a leader that closed its group at once would leave
 // them for the group after, two syncs away. So the leader yields its
 // processor while that lets more callers in, a few times at most. A caller
-// that commits alone, as at concurrency 1, never waits. Measured at 64
-// callers: one sync per 25 commits instead of 13, and 10% more operations
-// per second.
-func (c *committer) gather(g *group) {
+// that commits alone, as at concurrency 1, never waits.
+func (c *Committer) gather(g *group) {
 	c.mu.Lock()
 	n, last, full := g.n, c.last, c.open != g
 	c.mu.Unlock()
@@ -156,11 +161,11 @@ func (c *committer) gather(g *group) {
 }
 
 // yieldGroup is the smallest group whose commit lets Pebble's log writer
-// run before the group's memtable insert; see yieldingComparer.
+// run before the group's memtable insert; see Comparer.
 const yieldGroup = 8
 
-// yieldingComparer is Pebble's default comparer, except that the first
-// comparison after flag is set yields the processor.
+// Comparer is Pebble's default comparer, except that the first comparison
+// after flag is set yields the processor.
 //
 // Pebble commits a batch in two steps on the committing goroutine: it
 // queues the log record and wakes its log writer goroutine, then inserts
@@ -168,17 +173,16 @@ const yieldGroup = 8
 // scheduler puts a goroutine woken this way on the waker's processor, to
 // run when the waker blocks; with every processor busy, as at high
 // concurrency on two cores, the sync starts only once the insert is done,
-// about 100 µs for a group of 40 commits, when the two could overlap.
+// which for a large group takes a good part of a sync, when the two could
+// overlap.
 // Pebble has no hook between its two steps, but the insert begins with a
-// comparison; so for a large group the committer sets flag, and the
+// comparison; so for a large group the Committer sets flag, and the
 // insert's first comparison yields, which lets the log writer start the
-// sync. Measured in BenchmarkClaimComplete: conc=16 10-15% more
-// operations per second; at conc=64 the yielding leader waits behind the
-// callers its group woke, and the gain is within the noise. A small
+// sync. A small
 // group's insert is short, and a yield would only add a context switch to
 // each commit, so it does not set flag. If Pebble reorders its steps, the
 // yield lands elsewhere and costs a context switch, nothing more.
-func yieldingComparer(flag *atomic.Bool) *pebble.Comparer {
+func Comparer(flag *atomic.Bool) *pebble.Comparer {
 	c := *pebble.DefaultComparer
 	compare := c.Compare
 	c.Compare = func(a, b []byte) int {
@@ -190,9 +194,9 @@ func yieldingComparer(flag *atomic.Bool) *pebble.Comparer {
 	return &c
 }
 
-// close refuses new commits. The DB calls it once no operation is in
+// Close refuses new commits. The store calls it once no operation is in
 // flight, so the open group is empty.
-func (c *committer) close() {
+func (c *Committer) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.closed {

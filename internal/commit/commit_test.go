@@ -1,4 +1,4 @@
-package idem
+package commit
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 // spent by one comparison only.
 func TestYieldingComparerOrdersLikeBytes(t *testing.T) {
 	var flag atomic.Bool
-	cmp := yieldingComparer(&flag)
+	cmp := Comparer(&flag)
 	require.Equal(t, "leveldb.BytewiseComparator", cmp.Name, "a new name would refuse every existing store")
 	rng := rand.New(rand.NewPCG(1, 2))
 	key := func() []byte {
@@ -39,15 +39,19 @@ func TestYieldingComparerOrdersLikeBytes(t *testing.T) {
 	}
 }
 
+// testGroupBytes is the store's group cap: a quarter of its 64 MiB
+// memtable.
+const testGroupBytes = 16 << 20
+
 // TestGroupClosesAtByteCap holds the committer's token, so that no group
-// commits, while one caller fills a group past maxGroupBytes and two more
+// commits, while one caller fills a group past testGroupBytes and two more
 // arrive: they must form a group of their own, and every write must land.
 func TestGroupClosesAtByteCap(t *testing.T) {
 	pdb, err := pebble.Open("db", &pebble.Options{FS: vfs.NewMem(), Logger: walfs.Logger{L: slog.New(slog.DiscardHandler)}})
 	require.NoError(t, err)
 	defer pdb.Close()
-	c := newCommitter(pdb, new(atomic.Bool))
-	defer c.close()
+	c := New(pdb, new(atomic.Bool), testGroupBytes)
+	defer c.Close()
 
 	openGroup := func() *group {
 		c.mu.Lock()
@@ -62,13 +66,13 @@ func TestGroupClosesAtByteCap(t *testing.T) {
 	errs := make(chan error, 3)
 	write := func(key string, size int) {
 		go func() {
-			errs <- c.commit(func(b *pebble.Batch) error { return b.Set([]byte(key), make([]byte, size), nil) })
+			errs <- c.Commit(func(b *pebble.Batch) error { return b.Set([]byte(key), make([]byte, size), nil) })
 		}()
 	}
 
 	c.flushing <- struct{}{}
 	first := openGroup()
-	write("big", maxGroupBytes)
+	write("big", testGroupBytes)
 	require.Eventually(t, func() bool { return openGroup() != first }, 10*time.Second, time.Millisecond,
 		"a group past the cap must close to newcomers")
 	second := openGroup()
