@@ -13,9 +13,6 @@ import (
 type (
 	Scope           = contract.Scope           // see contract.Scope
 	Fingerprint     = contract.Fingerprint     // see contract.Fingerprint
-	State           = contract.State           // see contract.State
-	Response        = contract.Response        // see contract.Response
-	Record          = contract.Record          // see contract.Record
 	KeyError        = contract.KeyError        // see contract.KeyError
 	Store           = contract.Store           // see contract.Store
 	Lease           = contract.Lease           // see contract.Lease
@@ -27,14 +24,6 @@ type (
 	ReconcileResult = contract.ReconcileResult // see contract.ReconcileResult
 	SweepResult     = contract.SweepResult     // see contract.SweepResult
 	CompactProgress = contract.CompactProgress // see contract.CompactProgress
-)
-
-// The states of a record; see contract.State.
-const (
-	StateInProgress = contract.StateInProgress
-	StateCompleted  = contract.StateCompleted
-	StateFailed     = contract.StateFailed
-	StateUnknown    = contract.StateUnknown
 )
 
 // The events a store counts and logs; see contract.Event.
@@ -84,9 +73,6 @@ var (
 	// directory.
 	ErrNoStore = errors.New("idem: no store in directory")
 )
-
-// ParseState is contract.ParseState.
-func ParseState(name string) (State, error) { return contract.ParseState(name) }
 
 // KeyHash is contract.KeyHash: a short digest of a key for logs.
 func KeyHash(key string) string { return contract.KeyHash(key) }

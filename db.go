@@ -23,6 +23,7 @@ import (
 	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/internal/commit"
 	"github.com/idemkv/idem/internal/keys"
+	"github.com/idemkv/idem/internal/record"
 	"github.com/idemkv/idem/internal/walfs"
 )
 
@@ -349,7 +350,7 @@ func (db *DB) get(k []byte) ([]byte, io.Closer, error) {
 // readLocked returns the record stored under rk, or nil if there is none.
 // An expired record is returned too (live reports which): callers treat it
 // as absent but may need to clean up after it. The caller holds rk's stripe.
-func (db *DB) readLocked(rk []byte, now time.Time) (rec *stored, live bool, err error) {
+func (db *DB) readLocked(rk []byte, now time.Time) (rec *record.Stored, live bool, err error) {
 	if !db.mayExist(db.hash(rk)) {
 		return nil, false, nil
 	}
@@ -361,7 +362,7 @@ func (db *DB) readLocked(rk []byte, now time.Time) (rec *stored, live bool, err 
 		return nil, false, fmt.Errorf("idem: read record: %w", err)
 	}
 	defer closer.Close()
-	rec, err = decodeRecord(v)
+	rec, err = record.Decode(v)
 	if err != nil {
 		return nil, false, err
 	}
@@ -399,7 +400,7 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (Lease, *Recor
 	if err != nil {
 		return nil, nil, fmt.Errorf("idem: lease token: %w", err)
 	}
-	rec := &stored{Record: Record{
+	rec := &record.Stored{Record: Record{
 		Scope:       s,
 		Fingerprint: fp,
 		State:       StateInProgress,
@@ -408,7 +409,7 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (Lease, *Recor
 		ExpiresAt:   now.Add(db.opts.ttlFor(s.Endpoint)),
 		LeaseUntil:  now.Add(db.opts.Lease),
 		Attempts:    1,
-	}, token: token}
+	}, Token: token}
 	v, err := db.writeLocked(rk, old, rec, nil)
 	if err != nil {
 		return nil, nil, err
@@ -426,7 +427,7 @@ func (db *DB) Options() Options {
 
 // answerLocked decides what a claim of a live record gets; the claim
 // began at start.
-func (db *DB) answerLocked(rk []byte, s Scope, rec *stored, fp Fingerprint, now, start time.Time) (*Record, error) {
+func (db *DB) answerLocked(rk []byte, s Scope, rec *record.Stored, fp Fingerprint, now, start time.Time) (*Record, error) {
 	rec.Scope = s
 	refuse := func(event Event, err error, retry time.Duration) error {
 		db.note(event, s, &rec.Record, start)
@@ -459,13 +460,13 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *stored, fp Fingerprint, now,
 //
 // Only the index entries that change are written: every memtable entry
 // costs a skiplist insert on the hot path.
-func (db *DB) writeLocked(rk []byte, old, rec *stored, body []byte) ([]byte, error) {
-	rec.chunks = uint32((len(body) + chunkBytes - 1) / chunkBytes)
-	v, err := rec.encode(make([]byte, 0, 256+len(rec.Response.Body)))
+func (db *DB) writeLocked(rk []byte, old, rec *record.Stored, body []byte) ([]byte, error) {
+	rec.Chunks = uint32((len(body) + chunkBytes - 1) / chunkBytes)
+	v, err := rec.Encode(make([]byte, 0, 256+len(rec.Response.Body)))
 	if err != nil {
 		return nil, err
 	}
-	rec.storedLen = int64(len(v))
+	rec.StoredLen = int64(len(v))
 	h := db.hash(rk)
 	db.stripes[h%numStripes].writes++
 	db.filterAdd(h, old == nil)
@@ -476,14 +477,14 @@ func (db *DB) writeLocked(rk []byte, old, rec *stored, body []byte) ([]byte, err
 	}
 	var pv []byte
 	if pk != nil {
-		pv = pendingValue(&rec.Record)
+		pv = record.PendingValue(&rec.Record)
 	}
 	return v, db.commits.Commit(func(b *pebble.Batch) error {
 		w := batchOps{b: b}
-		if old != nil && old.chunks > 0 {
+		if old != nil && old.Chunks > 0 {
 			w.deleteRange(keys.ChunkSpan(rk))
 		}
-		for i := uint32(0); i < rec.chunks; i++ {
+		for i := uint32(0); i < rec.Chunks; i++ {
 			end := min(len(body), int(i+1)*chunkBytes)
 			w.set(keys.AppendChunk(nil, rk, i), body[int(i)*chunkBytes:end])
 		}
@@ -557,45 +558,31 @@ func indexKeys(rk []byte, rec *Record) (xk, pk []byte) {
 }
 
 // deleteLocked durably removes rec and everything that belongs to it.
-func (db *DB) deleteLocked(rk []byte, rec *stored) error {
+func (db *DB) deleteLocked(rk []byte, rec *record.Stored) error {
 	db.stripe(rk).writes++
 	return db.commits.Commit(func(b *pebble.Batch) error { return deleteAll(b, rk, rec) })
 }
 
 // deleteAll adds to b the removal of rec, its index entries and its body
 // chunks.
-func deleteAll(b *pebble.Batch, rk []byte, rec *stored) error {
+func deleteAll(b *pebble.Batch, rk []byte, rec *record.Stored) error {
 	w := batchOps{b: b}
 	xk, pk := indexKeys(rk, &rec.Record)
 	w.delete(xk)
 	if pk != nil {
 		w.retirePending(pk)
 	}
-	if rec.chunks > 0 {
+	if rec.Chunks > 0 {
 		w.deleteRange(keys.ChunkSpan(rk))
 	}
 	w.delete(rk)
 	return w.err
 }
 
-// pendingValue is the 'p' index value: enough to count and age pending
-// records without reading them.
-func pendingValue(rec *Record) []byte {
-	v := binary.BigEndian.AppendUint64(make([]byte, 0, 9), uint64(rec.CreatedAt.UnixNano()))
-	return append(v, byte(rec.State))
-}
-
-func parsePendingValue(v []byte) (created time.Time, s State, ok bool) {
-	if len(v) != 9 {
-		return time.Time{}, 0, false
-	}
-	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), State(v[8]), true
-}
-
 // loadBody reads a completed record's overflow chunks into its response and
 // checks them against the stored digest.
-func (db *DB) loadBody(rk []byte, rec *stored) error {
-	if rec.chunks == 0 {
+func (db *DB) loadBody(rk []byte, rec *record.Stored) error {
+	if rec.Chunks == 0 {
 		return nil
 	}
 	lo, hi := keys.ChunkSpan(rk)
@@ -612,7 +599,7 @@ func (db *DB) loadBody(rk []byte, rec *stored) error {
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		return fmt.Errorf("idem: read body: %w", err)
 	}
-	if n != rec.chunks || int64(len(body)) != rec.BodyLen || bodyDigest(body) != rec.BodyDigest {
+	if n != rec.Chunks || int64(len(body)) != rec.BodyLen || record.BodyDigest(body) != rec.BodyDigest {
 		return fmt.Errorf("%w: body chunks do not match the record", ErrCorrupt)
 	}
 	rec.Response.Body = body

@@ -8,19 +8,17 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/idemkv/idem/internal/keys"
+	"github.com/idemkv/idem/internal/record"
 )
-
-// DecodeRecord exposes the value decoder to the fuzz target.
-var DecodeRecord = decodeRecord
 
 // CheckConsistency walks every key family and reports the first broken
 // link between a record and its index entries or body chunks: what a crash
 // must never leave behind.
 func (db *DB) CheckConsistency() error {
-	records := map[string]*stored{}
+	records := map[string]*record.Stored{}
 	seen := map[string]bool{}
 	err := db.scanFamily(keys.TagRecord, func(k, v []byte) error {
-		rec, err := decodeRecord(v)
+		rec, err := record.Decode(v)
 		if err != nil {
 			return fmt.Errorf("record %x: %w", k, err)
 		}
@@ -74,8 +72,8 @@ func (db *DB) CheckConsistency() error {
 		if rec.State != StateCompleted && !seen["p"+rk] {
 			return fmt.Errorf("record %x (%s) has no pending entry", rk, rec.State)
 		}
-		if chunks[rk] != rec.chunks {
-			return fmt.Errorf("record %x has %d chunks, expects %d", rk, chunks[rk], rec.chunks)
+		if chunks[rk] != rec.Chunks {
+			return fmt.Errorf("record %x has %d chunks, expects %d", rk, chunks[rk], rec.Chunks)
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/idemkv/idem/internal/record"
 )
 
 // lease is the embedded store's Lease: its calls check, under the
@@ -21,9 +22,9 @@ type lease struct {
 	start time.Time // when the lease was granted, from Options.Now
 
 	mu     sync.Mutex
-	rec    stored // guarded by mu: the record as this lease last wrote it
-	val    []byte // guarded by mu: rec's stored value
-	writes uint64 // guarded by mu: the stripe's write count after that write
+	rec    record.Stored // guarded by mu: the record as this lease last wrote it
+	val    []byte        // guarded by mu: rec's stored value
+	writes uint64        // guarded by mu: the stripe's write count after that write
 }
 
 func (l *lease) Record() Record {
@@ -41,12 +42,12 @@ func (l *lease) Complete(ctx context.Context, resp Response) error {
 	if resp.Status < 100 || resp.Status > 999 {
 		return fmt.Errorf("%w: status %d is outside 100-999", ErrInvalidResponse, resp.Status)
 	}
-	return l.update(ctx, func(next *stored, now time.Time) []byte {
+	return l.update(ctx, func(next *record.Stored, now time.Time) []byte {
 		body := resp.Body
 		next.State = StateCompleted
 		next.LeaseUntil = now
 		next.Response = Response{Status: resp.Status, Header: resp.Header}
-		next.BodyLen, next.BodyDigest = int64(len(body)), bodyDigest(body)
+		next.BodyLen, next.BodyDigest = int64(len(body)), record.BodyDigest(body)
 		switch {
 		case len(body) <= l.db.opts.InlineBodyBytes:
 			next.Response.Body = body
@@ -72,7 +73,7 @@ func (l *lease) MarkFailed(ctx context.Context) error {
 }
 
 func (l *lease) end(ctx context.Context, s State) error {
-	return l.update(ctx, func(next *stored, now time.Time) []byte {
+	return l.update(ctx, func(next *record.Stored, now time.Time) []byte {
 		next.State = s
 		next.LeaseUntil = now
 		return nil
@@ -81,7 +82,7 @@ func (l *lease) end(ctx context.Context, s State) error {
 
 // Extend pushes the lease's end to Options.Lease from now.
 func (l *lease) Extend(ctx context.Context) error {
-	return l.update(ctx, func(next *stored, now time.Time) []byte {
+	return l.update(ctx, func(next *record.Stored, now time.Time) []byte {
 		next.LeaseUntil = now.Add(l.db.opts.Lease)
 		return nil
 	})
@@ -90,7 +91,7 @@ func (l *lease) Extend(ctx context.Context) error {
 // update checks that the record is still this lease's and replaces it with
 // what change makes of a copy, or deletes it when change is nil. change
 // returns the overflow body to store in chunks, if any.
-func (l *lease) update(ctx context.Context, change func(next *stored, now time.Time) []byte) error {
+func (l *lease) update(ctx context.Context, change func(next *record.Stored, now time.Time) []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

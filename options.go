@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/idemkv/idem/internal/record"
 )
 
 // minTTLLeases is how many leases a TTL must span at least: a record must
@@ -152,7 +153,7 @@ func (o *Options) withDefaults() (Options, error) {
 	for ep, ttl := range c.EndpointTTL {
 		checkTTL(fmt.Sprintf("EndpointTTL[%q]", ep), ttl)
 	}
-	if c.InlineBodyBytes < 0 || c.InlineBodyBytes > maxInlineBodyBytes {
+	if c.InlineBodyBytes < 0 || c.InlineBodyBytes > record.MaxInlineBodyBytes {
 		bad("InlineBodyBytes %d must be between 0 and 16 MiB", c.InlineBodyBytes)
 	}
 	if c.MaxBodyBytes < int64(c.InlineBodyBytes) || c.MaxBodyBytes > 1<<30 {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkv/idem/internal/keys"
+	"github.com/idemkv/idem/internal/record"
 )
 
 // Records that are not completed are listed in the pending index ('p'),
@@ -38,7 +39,7 @@ func (db *DB) scanPending(until time.Time, fn func(pendingEntry) bool) error {
 	}
 	for ok := it.First(); ok; ok = it.Next() {
 		due, rk, err := keys.ParseIndex(it.Key())
-		created, state, vok := parsePendingValue(it.Value())
+		created, state, vok := record.ParsePending(it.Value())
 		if err != nil || !vok {
 			return errors.Join(fmt.Errorf("%w: pending index entry", ErrCorrupt), it.Close())
 		}
@@ -89,7 +90,7 @@ func (db *DB) Overdue(ctx context.Context, limit int) ([]*Record, error) {
 
 // lockedRead reads the live record under rk with its scope, taking the
 // stripe; it returns nil if there is none.
-func (db *DB) lockedRead(rk []byte, now time.Time) (*stored, error) {
+func (db *DB) lockedRead(rk []byte, now time.Time) (*record.Stored, error) {
 	mu := db.stripe(rk)
 	mu.Lock()
 	defer mu.Unlock()
@@ -211,7 +212,7 @@ func (db *DB) takeOver(s Scope, rule takeoverRule) (*lease, error) {
 	}
 	next := *cur
 	next.Scope = s
-	next.token = token
+	next.Token = token
 	next.State = StateInProgress
 	next.UpdatedAt = now
 	next.LeaseUntil = now.Add(db.opts.Lease)

@@ -9,6 +9,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/idemkv/idem/internal/keys"
+	"github.com/idemkv/idem/internal/record"
 )
 
 // Records returns the records f selects, as contract.Operator.Records says,
@@ -48,9 +49,9 @@ func (db *DB) Records(ctx context.Context, f Filter) iter.Seq2[*Record, error] {
 				return
 			}
 			v, err := it.ValueAndErr()
-			var rec *stored
+			var rec *record.Stored
 			if err == nil {
-				rec, err = decodeRecord(v)
+				rec, err = record.Decode(v)
 			}
 			if err == nil {
 				rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, err = keys.ParseRecord(it.Key())

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem/internal/keys"
+	"github.com/idemkv/idem/internal/record"
 )
 
 // storedValue returns a copy of the value stored under k.
@@ -51,7 +53,7 @@ func TestUpgradeFrom1LeavesOneSetPerPendingKey(t *testing.T) {
 	rec, _, err := db.readLocked(rk, db.now())
 	require.NoError(t, err)
 	_, pk := indexKeys(rk, &rec.Record)
-	require.NoError(t, db.pdb.Set(pk, pendingValue(&rec.Record), pebble.Sync))
+	require.NoError(t, db.pdb.Set(pk, record.PendingValue(&rec.Record), pebble.Sync))
 	require.NoError(t, db.pdb.Set(keys.Schema, binary.AppendUvarint(nil, 1), pebble.Sync))
 	require.NoError(t, db.FlushMemtable())
 	require.NoError(t, db.Close())
@@ -100,13 +102,28 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 	require.ErrorContains(t, reopenWithSchema(t, schemaVersion+1), fmt.Sprintf("schema version %d", schemaVersion+1))
 }
 
+// asFormat1 rewrites a value of record format 2 whose body is raw as format
+// 1 wrote it: the same ten-byte header and payload, without the trailing
+// codec field (a zero byte) and with one field fewer in the payload's
+// fixarray.
+func asFormat1(t *testing.T, v []byte) []byte {
+	t.Helper()
+	const header, fields = 10, 14
+	require.Equal(t, byte(0x90|fields), v[header])
+	require.Equal(t, byte(0), v[len(v)-1])
+	v1 := bytes.Clone(v[:len(v)-1])
+	v1[0], v1[header] = 1, 0x90|(fields-1)
+	return v1
+}
+
 // TestUpgradeFrom2ReadsItsRecords: a version 2 store holds records of
 // formatVersion 1. After the upgrade they replay as before, and new
 // completions store their bodies compressed.
 func TestUpgradeFrom2ReadsItsRecords(t *testing.T) {
 	ctx := context.Background()
 	fs := vfs.NewMem()
-	oldBody := randomBytes(600) // stored raw, as format 1 stored every body
+	oldBody := make([]byte, 600) // stored raw, as format 1 stored every body
+	rand.NewChaCha8([32]byte{1}).Read(oldBody)
 	newBody := bytes.Repeat([]byte(`{"id":"pay_1","amount":4200},`), 20)
 	oldKey := Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "old"}
 	newKey := Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "new"}

@@ -82,7 +82,7 @@ func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, func()
 		rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, _ = keys.ParseRecord(rk)
 		db.note(EventSwept, rec.Scope, &rec.Record, time.Time{})
 	}
-	return rec.storedLen + rec.BodyLen*int64(min(rec.chunks, 1)), done, nil
+	return rec.StoredLen + rec.BodyLen*int64(min(rec.Chunks, 1)), done, nil
 }
 
 // background sweeps and reconciles every SweepInterval until Close.
