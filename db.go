@@ -1,15 +1,11 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/maphash"
-	"io"
 	"maps"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +20,7 @@ import (
 	"github.com/idemkv/idem/internal/commit"
 	"github.com/idemkv/idem/internal/keys"
 	"github.com/idemkv/idem/internal/record"
+	"github.com/idemkv/idem/internal/rows"
 	"github.com/idemkv/idem/internal/walfs"
 )
 
@@ -39,13 +36,6 @@ func recordKey(s Scope) []byte {
 // an older store in place (upgrade).
 const schemaVersion = 3
 
-// numStripes is the number of per-key mutexes. Enough that unrelated keys
-// rarely share one at a few hundred concurrent requests.
-const numStripes = 4096
-
-// chunkBytes is the size of one overflow body chunk.
-const chunkBytes = 64 << 10
-
 // DB is an open idempotency store. It is safe for concurrent use; most
 // callers need only Claim and the Lease it returns.
 type DB struct {
@@ -54,18 +44,10 @@ type DB struct {
 	wal     *walfs.FS
 	lock    *pebble.Lock
 	commits *commit.Committer
+	rows    *rows.Table
 	sweeper *compaction.Sweeper
-	seed    maphash.Seed
-	stripes [numStripes]stripe
 	tally   contract.Tally
 	waiting waiters
-
-	filters  atomic.Pointer[filterPair]
-	building sync.Mutex    // held by buildFilter
-	refilter chan struct{} // asks filterLoop for a new build
-	// minFilter is the smallest filter built; tests change it, holding
-	// building.
-	minFilter int64
 
 	// ops is read-locked by every operation and write-locked by Close, so
 	// that Close waits for operations in flight and none starts after it.
@@ -161,7 +143,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		}
 	}
 	// Pebble reports a single deletion that met more than one set here;
-	// retirePending relies on that never happening.
+	// rows relies on that never happening (see its retirePending).
 	popts.EventListener = &pebble.EventListener{PossibleAPIMisuse: func(i pebble.PossibleAPIMisuseInfo) {
 		o.Logger.Error("idem: storage misuse", "what", i.String())
 	}}
@@ -171,9 +153,9 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("idem: open %s: %w", dir, err)
 	}
 	wal.SetLive(true)
-	db := &DB{opts: o, pdb: pdb, wal: wal, lock: lock, seed: maphash.MakeSeed(), stop: make(chan struct{}), refilter: make(chan struct{}, 1), minFilter: minFilterKeys}
-	db.filters.Store(&filterPair{})
+	db := &DB{opts: o, pdb: pdb, wal: wal, lock: lock, stop: make(chan struct{})}
 	db.commits = commit.New(pdb, yield, memTableBytes/4)
+	db.rows = rows.New(pdb, db.commits, db.stop)
 	if err := db.checkSchema(); err != nil {
 		db.commits.Close()
 		wal.SetLive(false)
@@ -183,13 +165,16 @@ func Open(dir string, opts *Options) (*DB, error) {
 	}
 	db.sweeper = &compaction.Sweeper{
 		DB:           pdb,
-		Lock:         db.lockKeys,
+		Lock:         db.rows.LockKeys,
 		Commit:       db.commits.Commit,
 		Expire:       db.expireLocked,
 		CompactBytes: o.CompactBytes,
 	}
 	db.bg.Add(1)
-	go db.filterLoop()
+	go func() {
+		defer db.bg.Done()
+		db.rows.FilterLoop(func(err error) { db.opts.Logger.Warn("idem: build key filter", "err", err) })
+	}()
 	if o.SweepInterval > 0 {
 		db.bg.Add(1)
 		go db.background()
@@ -229,7 +214,7 @@ func (db *DB) writeSchema() error {
 // build that still writes the old version refuses the store.
 //
 // A version 1 store must first be made safe for single deletions of
-// pending-index entries (see retirePending). Version 1 set an entry again
+// pending-index entries (see rows). Version 1 set an entry again
 // in place when a write kept the lease's end, so a key may hold two sets
 // in different tables; a single deletion would cancel only the newer, and
 // the older would come back. Compacting the family to the last level
@@ -277,96 +262,21 @@ func (db *DB) enter() error {
 
 func (db *DB) exit() { db.ops.RUnlock() }
 
-// stripe guards the records whose keys hash to it: every read that must
-// see only durable state and every write of such a record holds it.
-type stripe struct {
-	sync.Mutex
-	// writes counts the writes made under this stripe. A lease that finds
-	// it unchanged since its own write knows its record is untouched
-	// without reading it back.
-	writes uint64
-}
-
-// hash is the hash of a record key that picks its stripe and its filter
-// bits.
-func (db *DB) hash(rk []byte) uint64 { return maphash.Bytes(db.seed, rk) }
-
-func (db *DB) stripe(rk []byte) *stripe {
-	return &db.stripes[db.hash(rk)%numStripes]
-}
-
 // begin starts an operation on the record under rk: it enters the DB and
 // takes rk's stripe. The caller must call db.end with the stripe.
-func (db *DB) begin(rk []byte) (*stripe, error) {
+func (db *DB) begin(rk []byte) (*rows.Stripe, error) {
 	if err := db.enter(); err != nil {
 		return nil, err
 	}
-	st := db.stripe(rk)
+	st := db.rows.Stripe(rk)
 	st.Lock()
 	return st, nil
 }
 
 // end finishes what begin started.
-func (db *DB) end(st *stripe) {
+func (db *DB) end(st *rows.Stripe) {
 	st.Unlock()
 	db.exit()
-}
-
-// lockKeys locks the stripes of every record key in rks, each once and in
-// ascending order, so two multi-key lockers cannot deadlock.
-func (db *DB) lockKeys(rks [][]byte) (unlock func()) {
-	idx := make([]uint64, 0, len(rks))
-	for _, rk := range rks {
-		idx = append(idx, db.hash(rk)%numStripes)
-	}
-	slices.Sort(idx)
-	idx = slices.Compact(idx)
-	for _, i := range idx {
-		db.stripes[i].Lock()
-	}
-	return func() {
-		for _, i := range idx {
-			db.stripes[i].Unlock()
-		}
-	}
-}
-
-// get reads the value stored under k, as Pebble's Get does. A value kept
-// in a blob file is read lazily, and when that read fails Pebble's Get
-// returns no value and no error, the error coming only from the closer;
-// decoded, the missing value would pass for a corrupt record. Stored values
-// are never empty, so get checks the closer then and returns its error.
-func (db *DB) get(k []byte) ([]byte, io.Closer, error) {
-	v, closer, err := db.pdb.Get(k)
-	if err != nil || len(v) > 0 {
-		return v, closer, err
-	}
-	if err := closer.Close(); err != nil {
-		return nil, nil, err
-	}
-	return v, io.NopCloser(nil), nil
-}
-
-// readLocked returns the record stored under rk, or nil if there is none.
-// An expired record is returned too (live reports which): callers treat it
-// as absent but may need to clean up after it. The caller holds rk's stripe.
-func (db *DB) readLocked(rk []byte, now time.Time) (rec *record.Stored, live bool, err error) {
-	if !db.mayExist(db.hash(rk)) {
-		return nil, false, nil
-	}
-	v, closer, err := db.get(rk)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, false, nil
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("idem: read record: %w", err)
-	}
-	defer closer.Close()
-	rec, err = record.Decode(v)
-	if err != nil {
-		return nil, false, err
-	}
-	return rec, now.Before(rec.ExpiresAt), nil
 }
 
 // Claim tries to take the key in s for an operation with fingerprint fp,
@@ -387,7 +297,7 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (Lease, *Recor
 	}
 	defer db.end(mu)
 	now := db.now()
-	old, live, err := db.readLocked(rk, now)
+	old, live, err := db.rows.ReadLocked(rk, now)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -410,12 +320,12 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (Lease, *Recor
 		LeaseUntil:  now.Add(db.opts.Lease),
 		Attempts:    1,
 	}, Token: token}
-	v, err := db.writeLocked(rk, old, rec, nil)
+	v, err := db.rows.WriteLocked(rk, old, rec, nil)
 	if err != nil {
 		return nil, nil, err
 	}
 	db.note(EventClaimed, s, &rec.Record, start)
-	return &lease{db: db, rk: rk, scope: s, rec: *rec, val: v, writes: mu.writes, start: start}, nil, nil
+	return &lease{db: db, rk: rk, scope: s, rec: *rec, val: v, writes: mu.Writes, start: start}, nil, nil
 }
 
 // Options returns the options the DB runs with, defaults filled in.
@@ -440,7 +350,7 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *record.Stored, fp Fingerprin
 	}
 	switch {
 	case rec.State == StateCompleted:
-		if err := db.loadBody(rk, rec); err != nil {
+		if err := db.rows.LoadBody(rk, rec); err != nil {
 			return nil, err
 		}
 		db.note(EventReplayed, s, &rec.Record, start)
@@ -450,160 +360,6 @@ func (db *DB) answerLocked(rk []byte, s Scope, rec *record.Stored, fp Fingerprin
 	default:
 		return nil, refuse(EventPending, ErrOutcomePending, 0)
 	}
-}
-
-// writeLocked durably replaces old (nil if absent) with rec under rk, with
-// the index entries and body chunks that go with each. body, when set, is
-// an overflow body to store in chunks rather than in the record. The caller
-// holds rk's stripe and must not have changed old since reading it. It
-// returns the value it stored.
-//
-// Only the index entries that change are written: every memtable entry
-// costs a skiplist insert on the hot path.
-func (db *DB) writeLocked(rk []byte, old, rec *record.Stored, body []byte) ([]byte, error) {
-	rec.Chunks = uint32((len(body) + chunkBytes - 1) / chunkBytes)
-	v, err := rec.Encode(make([]byte, 0, 256+len(rec.Response.Body)))
-	if err != nil {
-		return nil, err
-	}
-	rec.StoredLen = int64(len(v))
-	h := db.hash(rk)
-	db.stripes[h%numStripes].writes++
-	db.filterAdd(h, old == nil)
-	xk, pk := indexKeys(rk, &rec.Record)
-	var oldX, oldP []byte
-	if old != nil {
-		oldX, oldP = indexKeys(rk, &old.Record)
-	}
-	var pv []byte
-	if pk != nil {
-		pv = record.PendingValue(&rec.Record)
-	}
-	return v, db.commits.Commit(func(b *pebble.Batch) error {
-		w := batchOps{b: b}
-		if old != nil && old.Chunks > 0 {
-			w.deleteRange(keys.ChunkSpan(rk))
-		}
-		for i := uint32(0); i < rec.Chunks; i++ {
-			end := min(len(body), int(i+1)*chunkBytes)
-			w.set(keys.AppendChunk(nil, rk, i), body[int(i)*chunkBytes:end])
-		}
-		if oldX != nil && !bytes.Equal(oldX, xk) {
-			w.delete(oldX)
-		}
-		if oldX == nil || !bytes.Equal(oldX, xk) {
-			w.set(xk, nil)
-		}
-		if oldP != nil {
-			// Retired even when pk is the same key, so that a pending
-			// entry is never set twice without a deletion between: see
-			// retirePending.
-			w.retirePending(oldP)
-		}
-		if pk != nil {
-			w.set(pk, pv)
-		}
-		w.set(rk, v)
-		return w.err
-	})
-}
-
-// batchOps adds operations to a batch and keeps the first error, so that a
-// sequence of writes reads as one.
-type batchOps struct {
-	b   *pebble.Batch
-	err error
-}
-
-func (w *batchOps) set(k, v []byte) {
-	if w.err == nil {
-		w.err = w.b.Set(k, v, nil)
-	}
-}
-
-func (w *batchOps) delete(k []byte) {
-	if w.err == nil {
-		w.err = w.b.Delete(k, nil)
-	}
-}
-
-// retirePending deletes a pending-index entry with a single deletion: it
-// and the one set it cancels vanish together at the next flush or
-// compaction, instead of leaving a tombstone that compactions carry down
-// the levels. Every claim sets an entry and nearly every one is retired
-// within moments, so those tombstones were a steady share of compaction
-// work. A single deletion is only defined when the key was set once since
-// it was last deleted; writeLocked and deleteAll keep that so by retiring
-// the stored entry before any new one is set.
-func (w *batchOps) retirePending(pk []byte) {
-	if w.err == nil {
-		w.err = w.b.SingleDelete(pk, nil)
-	}
-}
-
-func (w *batchOps) deleteRange(lo, hi []byte) {
-	if w.err == nil {
-		w.err = w.b.DeleteRange(lo, hi, nil)
-	}
-}
-
-// indexKeys returns rec's expiry-index key and, unless it is completed, its
-// pending-index key.
-func indexKeys(rk []byte, rec *Record) (xk, pk []byte) {
-	xk = keys.AppendIndex(nil, keys.TagExpiry, rec.ExpiresAt.UnixNano(), rk)
-	if rec.State != StateCompleted {
-		pk = keys.AppendIndex(nil, keys.TagPending, rec.LeaseUntil.UnixNano(), rk)
-	}
-	return xk, pk
-}
-
-// deleteLocked durably removes rec and everything that belongs to it.
-func (db *DB) deleteLocked(rk []byte, rec *record.Stored) error {
-	db.stripe(rk).writes++
-	return db.commits.Commit(func(b *pebble.Batch) error { return deleteAll(b, rk, rec) })
-}
-
-// deleteAll adds to b the removal of rec, its index entries and its body
-// chunks.
-func deleteAll(b *pebble.Batch, rk []byte, rec *record.Stored) error {
-	w := batchOps{b: b}
-	xk, pk := indexKeys(rk, &rec.Record)
-	w.delete(xk)
-	if pk != nil {
-		w.retirePending(pk)
-	}
-	if rec.Chunks > 0 {
-		w.deleteRange(keys.ChunkSpan(rk))
-	}
-	w.delete(rk)
-	return w.err
-}
-
-// loadBody reads a completed record's overflow chunks into its response and
-// checks them against the stored digest.
-func (db *DB) loadBody(rk []byte, rec *record.Stored) error {
-	if rec.Chunks == 0 {
-		return nil
-	}
-	lo, hi := keys.ChunkSpan(rk)
-	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return fmt.Errorf("idem: read body: %w", err)
-	}
-	body := make([]byte, 0, rec.BodyLen)
-	var n uint32
-	for ok := it.First(); ok; ok = it.Next() {
-		body = append(body, it.Value()...)
-		n++
-	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return fmt.Errorf("idem: read body: %w", err)
-	}
-	if n != rec.Chunks || int64(len(body)) != rec.BodyLen || record.BodyDigest(body) != rec.BodyDigest {
-		return fmt.Errorf("%w: body chunks do not match the record", ErrCorrupt)
-	}
-	rec.Response.Body = body
-	return nil
 }
 
 // Get returns the live record for s, as contract.Store.Get says.
@@ -621,7 +377,7 @@ func (db *DB) Get(ctx context.Context, s Scope) (*Record, error) {
 		return nil, err
 	}
 	defer db.end(mu)
-	rec, live, err := db.readLocked(rk, db.now())
+	rec, live, err := db.rows.ReadLocked(rk, db.now())
 	if err != nil {
 		return nil, err
 	}
@@ -630,7 +386,7 @@ func (db *DB) Get(ctx context.Context, s Scope) (*Record, error) {
 	}
 	rec.Scope = s
 	if rec.State == StateCompleted {
-		if err := db.loadBody(rk, rec); err != nil {
+		if err := db.rows.LoadBody(rk, rec); err != nil {
 			return nil, err
 		}
 	}

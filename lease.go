@@ -1,14 +1,11 @@
 package idem
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/idemkv/idem/internal/record"
 )
 
@@ -109,9 +106,9 @@ func (l *lease) update(ctx context.Context, change func(next *record.Stored, now
 	// changes the state or the token. When nothing at all was written under
 	// the stripe since, that is certain without a read; otherwise compare
 	// the stored bytes, which spares decoding.
-	held := mu.writes == l.writes
+	held := mu.Writes == l.writes
 	if !held {
-		if held, err = db.holds(l.rk, l.val); err != nil {
+		if held, err = db.rows.HoldsLocked(l.rk, l.val); err != nil {
 			return err
 		}
 	}
@@ -120,7 +117,7 @@ func (l *lease) update(ctx context.Context, change func(next *record.Stored, now
 	}
 	cur := &l.rec
 	if change == nil {
-		if err := db.deleteLocked(l.rk, cur); err != nil {
+		if err := db.rows.DeleteLocked(l.rk, cur); err != nil {
 			return err
 		}
 		db.waiting.wake(l.rk)
@@ -134,7 +131,7 @@ func (l *lease) update(ctx context.Context, change func(next *record.Stored, now
 	next.Scope = l.scope
 	next.UpdatedAt = now
 	body := change(&next, now)
-	v, err := db.writeLocked(l.rk, cur, &next, body)
+	v, err := db.rows.WriteLocked(l.rk, cur, &next, body)
 	if err != nil {
 		return err
 	}
@@ -149,20 +146,6 @@ func (l *lease) update(ctx context.Context, change func(next *record.Stored, now
 	case StateFailed:
 		db.note(EventFailed, l.scope, &next.Record, l.start)
 	}
-	l.rec, l.val, l.writes = next, v, mu.writes
+	l.rec, l.val, l.writes = next, v, mu.Writes
 	return nil
-}
-
-// holds reports whether the value stored under rk is exactly v. The caller
-// holds rk's stripe.
-func (db *DB) holds(rk, v []byte) (bool, error) {
-	got, closer, err := db.get(rk)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("idem: read record: %w", err)
-	}
-	defer closer.Close()
-	return bytes.Equal(got, v), nil
 }

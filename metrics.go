@@ -2,14 +2,11 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
-
 	"github.com/idemkv/idem/internal/keys"
+	"github.com/idemkv/idem/internal/rows"
 )
 
 // Metrics returns a snapshot of the contract's counters and Pebble's own
@@ -28,14 +25,14 @@ func (db *DB) Metrics(ctx context.Context) (Metrics, error) {
 	m := Metrics{Events: db.tally.Counts(), BytesReclaimed: sw.Bytes}
 
 	now := db.now()
-	err := db.scanPending(time.Unix(0, 1<<63-1), func(e pendingEntry) bool {
-		switch e.state {
+	err := db.rows.ScanPending(time.Unix(0, 1<<63-1), func(e rows.Pending) bool {
+		switch e.State {
 		case StateInProgress:
 			m.InProgress++
-			if !now.Before(e.due) {
+			if !now.Before(e.Due) {
 				m.Overdue++
 			}
-			m.OldestInProgress = max(m.OldestInProgress, now.Sub(e.created))
+			m.OldestInProgress = max(m.OldestInProgress, now.Sub(e.Created))
 		case StateUnknown:
 			m.UnknownRecords++
 		case StateFailed:
@@ -46,7 +43,7 @@ func (db *DB) Metrics(ctx context.Context) (Metrics, error) {
 	if err != nil {
 		return m, err
 	}
-	if m.Expired, err = db.countExpired(now); err != nil {
+	if m.Expired, err = db.rows.CountExpired(now); err != nil {
 		return m, err
 	}
 	pm := db.pdb.Metrics()
@@ -80,26 +77,6 @@ const (
 	FigureDiskBytes         = "idem_disk_usage_bytes"
 	FigureReadAmp           = "idem_read_amplification"
 )
-
-// countExpired counts the expiry-index entries due by now. Sweeps retire
-// the index spans they walk, so every entry left is a record still stored.
-func (db *DB) countExpired(now time.Time) (int64, error) {
-	it, err := db.pdb.NewIter(&pebble.IterOptions{
-		LowerBound: keys.IndexBound(keys.TagExpiry, math.MinInt64),
-		UpperBound: keys.IndexBound(keys.TagExpiry, now.UnixNano()+1),
-	})
-	if err != nil {
-		return 0, fmt.Errorf("idem: read expiry index: %w", err)
-	}
-	var n int64
-	for ok := it.First(); ok; ok = it.Next() {
-		n++
-	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return 0, fmt.Errorf("idem: read expiry index: %w", err)
-	}
-	return n, nil
-}
 
 // Ping reports whether the store can serve reads: it reads one small key,
 // so it fails once the DB is closed or Pebble can no longer read, but it

@@ -17,12 +17,14 @@ import (
 // blob files and compresses there (see Open).
 func TestChunkedBodiesAreCompressedOnDisk(t *testing.T) {
 	ctx := context.Background()
-	db := openFilterTest(t, vfs.NewMem())
+	db, err := Open("db", &Options{FS: vfs.NewMem(), SweepInterval: -1})
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
 	var raw int64
 	for i := range 8 {
 		body := bytes.Repeat(fmt.Appendf(nil, `{"id":"li_%d","amount":4200},`, i), 8<<10)
 		raw += int64(len(body))
-		l, _, err := db.Claim(ctx, filterScope(i), sha256.Sum256([]byte{byte(i)}))
+		l, _, err := db.Claim(ctx, bodyScope(i), sha256.Sum256([]byte{byte(i)}))
 		require.NoError(t, err)
 		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: body}))
 		require.Positive(t, l.(*lease).rec.Chunks, "the body was not chunked")
@@ -42,13 +44,21 @@ func TestBlockCacheKeepsBlocks(t *testing.T) {
 	db, err := Open("db", &Options{FS: vfs.NewMem(), SweepInterval: -1, CacheBytes: 256 << 10})
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
-	storeRecords(t, db, 0, 50)
+	for i := range 50 {
+		l, _, err := db.Claim(ctx, bodyScope(i), Fingerprint{1})
+		require.NoError(t, err)
+		require.NoError(t, l.Complete(ctx, Response{Status: 201, Body: []byte("paid")}))
+	}
 	require.NoError(t, db.FlushMemtable())
 	for range 3 {
-		_, err := db.Get(ctx, filterScope(8))
+		_, err := db.Get(ctx, bodyScope(8))
 		require.NoError(t, err)
 	}
 	m := db.pdb.Metrics()
 	assert.Positive(t, m.BlockCache.Hits, "no read was served from the cache")
 	assert.Positive(t, m.BlockCache.Size, "the cache holds nothing")
+}
+
+func bodyScope(i int) Scope {
+	return Scope{Tenant: fmt.Sprintf("t%d", i%7), Endpoint: "POST /v1/payments", Key: fmt.Sprintf("key-%d", i)}
 }

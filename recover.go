@@ -4,52 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"github.com/google/uuid"
 
 	"github.com/idemkv/idem/internal/keys"
 	"github.com/idemkv/idem/internal/record"
+	"github.com/idemkv/idem/internal/rows"
 )
-
-// Records that are not completed are listed in the pending index ('p'),
-// keyed by the end of their lease (or, once they left progress, by when
-// they did). Recovery reads that index instead of the whole store: the
-// overdue claims are exactly its entries due by now whose state is
-// in progress.
-
-// pendingEntry is one entry of the pending index.
-type pendingEntry struct {
-	rk      []byte
-	due     time.Time
-	created time.Time
-	state   State
-}
-
-// scanPending calls fn for each pending-index entry due before until, in
-// order of due time, until fn returns false.
-func (db *DB) scanPending(until time.Time, fn func(pendingEntry) bool) error {
-	lo := keys.IndexBound(keys.TagPending, math.MinInt64)
-	hi := keys.IndexBound(keys.TagPending, until.UnixNano())
-	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return err
-	}
-	for ok := it.First(); ok; ok = it.Next() {
-		due, rk, err := keys.ParseIndex(it.Key())
-		created, state, vok := record.ParsePending(it.Value())
-		if err != nil || !vok {
-			return errors.Join(fmt.Errorf("%w: pending index entry", ErrCorrupt), it.Close())
-		}
-		e := pendingEntry{rk: append([]byte(nil), rk...), due: time.Unix(0, due), created: created, state: state}
-		if !fn(e) {
-			break
-		}
-	}
-	return errors.Join(it.Error(), it.Close())
-}
 
 // Overdue returns up to limit in-progress records whose lease has run out
 // (limit <= 0: all of them), oldest lease first. Nobody is known to be
@@ -63,9 +25,9 @@ func (db *DB) Overdue(ctx context.Context, limit int) ([]*Record, error) {
 	defer db.exit()
 	now := db.now()
 	var rks [][]byte
-	err := db.scanPending(now.Add(1), func(e pendingEntry) bool {
-		if e.state == StateInProgress {
-			rks = append(rks, e.rk)
+	err := db.rows.ScanPending(now.Add(1), func(e rows.Pending) bool {
+		if e.State == StateInProgress {
+			rks = append(rks, e.RK)
 		}
 		return limit <= 0 || len(rks) < limit
 	})
@@ -91,10 +53,10 @@ func (db *DB) Overdue(ctx context.Context, limit int) ([]*Record, error) {
 // lockedRead reads the live record under rk with its scope, taking the
 // stripe; it returns nil if there is none.
 func (db *DB) lockedRead(rk []byte, now time.Time) (*record.Stored, error) {
-	mu := db.stripe(rk)
+	mu := db.rows.Stripe(rk)
 	mu.Lock()
 	defer mu.Unlock()
-	rec, live, err := db.readLocked(rk, now)
+	rec, live, err := db.rows.ReadLocked(rk, now)
 	if err != nil || !live {
 		return nil, err
 	}
@@ -196,7 +158,7 @@ func (db *DB) takeOver(s Scope, rule takeoverRule) (*lease, error) {
 	}
 	defer db.end(mu)
 	now := db.now()
-	cur, live, err := db.readLocked(rk, now)
+	cur, live, err := db.rows.ReadLocked(rk, now)
 	if err != nil {
 		return nil, err
 	}
@@ -217,10 +179,10 @@ func (db *DB) takeOver(s Scope, rule takeoverRule) (*lease, error) {
 	next.UpdatedAt = now
 	next.LeaseUntil = now.Add(db.opts.Lease)
 	next.Attempts++
-	v, err := db.writeLocked(rk, cur, &next, nil)
+	v, err := db.rows.WriteLocked(rk, cur, &next, nil)
 	if err != nil {
 		return nil, err
 	}
 	db.note(EventTakenOver, s, &next.Record, time.Time{})
-	return &lease{db: db, rk: rk, scope: s, rec: next, val: v, writes: mu.writes, start: start}, nil
+	return &lease{db: db, rk: rk, scope: s, rec: next, val: v, writes: mu.Writes, start: start}, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkv/idem/internal/keys"
 	"github.com/idemkv/idem/internal/record"
+	"github.com/idemkv/idem/internal/rows"
 )
 
 // storedValue returns a copy of the value stored under k.
@@ -50,9 +51,9 @@ func TestUpgradeFrom1LeavesOneSetPerPendingKey(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, db.FlushMemtable())
 	require.NoError(t, db.CompactStore())
-	rec, _, err := db.readLocked(rk, db.now())
+	rec, _, err := db.rows.ReadLocked(rk, db.now())
 	require.NoError(t, err)
-	_, pk := indexKeys(rk, &rec.Record)
+	_, pk := rows.IndexKeys(rk, &rec.Record)
 	require.NoError(t, db.pdb.Set(pk, record.PendingValue(&rec.Record), pebble.Sync))
 	require.NoError(t, db.pdb.Set(keys.Schema, binary.AppendUvarint(nil, 1), pebble.Sync))
 	require.NoError(t, db.FlushMemtable())
@@ -62,12 +63,12 @@ func TestUpgradeFrom1LeavesOneSetPerPendingKey(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	assert.Equal(t, uint64(schemaVersion), storedSchema(t, db))
-	rec, _, err = db.readLocked(rk, db.now())
+	rec, _, err = db.rows.ReadLocked(rk, db.now())
 	require.NoError(t, err)
 	next := *rec
 	next.State, next.LeaseUntil = StateCompleted, db.now()
 	next.Response = Response{Status: 201}
-	_, err = db.writeLocked(rk, rec, &next, nil)
+	_, err = db.rows.WriteLocked(rk, rec, &next, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.FlushMemtable())
 	require.NoError(t, db.CompactStore())

@@ -13,7 +13,7 @@ import (
 // cleanup:
 //
 //  1. Reads filter: Claim and Get treat a record whose ExpiresAt is not
-//     after now as absent (readLocked).
+//     after now as absent (rows.Table.ReadLocked).
 //  2. Sweeps delete: the compaction package walks the expiry index and
 //     deletes each expired record with its index entries and body chunks,
 //     under the records' stripe locks (expireLocked below).
@@ -49,7 +49,7 @@ func (db *DB) Compact(ctx context.Context, progress func(CompactProgress)) (Swee
 		}
 	}
 	now := db.now()
-	total, err := db.countExpired(now)
+	total, err := db.rows.CountExpired(now)
 	if err != nil {
 		return SweepResult{}, err
 	}
@@ -70,12 +70,11 @@ func (db *DB) Compact(ctx context.Context, progress func(CompactProgress)) (Swee
 // expireLocked is the sweeper's Expire hook: it re-reads the record under
 // its stripe, since a claim may have replaced it since the index was read.
 func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, func(), error) {
-	rec, live, err := db.readLocked(rk, time.Unix(0, now))
+	rec, live, err := db.rows.ReadLocked(rk, time.Unix(0, now))
 	if err != nil || rec == nil || live {
 		return 0, nil, err
 	}
-	db.stripe(rk).writes++
-	if err := deleteAll(b, rk, rec); err != nil {
+	if err := db.rows.ExpireLocked(b, rk, rec); err != nil {
 		return 0, nil, err
 	}
 	done := func() {

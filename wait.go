@@ -88,7 +88,7 @@ func (db *DB) Wait(ctx context.Context, s Scope) error {
 		return err
 	}
 	now := db.now()
-	rec, live, err := db.readLocked(rk, now)
+	rec, live, err := db.rows.ReadLocked(rk, now)
 	if err != nil || !live || rec.State != StateInProgress || !now.Before(rec.LeaseUntil) {
 		db.end(mu)
 		return err

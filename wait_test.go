@@ -59,7 +59,7 @@ func TestLeaseCheckWhenTheStripeIsShared(t *testing.T) {
 	b := a
 	for i := 0; ; i++ {
 		b.Key = "b" + itoa(i)
-		if db.stripe(recordKey(a)) == db.stripe(recordKey(b)) {
+		if db.rows.Stripe(recordKey(a)) == db.rows.Stripe(recordKey(b)) {
 			break
 		}
 	}

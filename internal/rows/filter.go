@@ -1,4 +1,4 @@
-package idem
+package rows
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/internal/keys"
 )
 
@@ -22,11 +23,11 @@ import (
 // would let a retry run its operation twice. So:
 //
 //   - every record write adds its key to the filter before it commits
-//     (writeLocked), under the key's stripe, so that no reader of the key
+//     (WriteLocked), under the key's stripe, so that no reader of the key
 //     can look between the two;
 //   - a new filter is built by scanning the records in the background
 //     while writes add to both the old and the new one, and replaces the
-//     old one only when the scan is done (buildFilter). Until the first
+//     old one only when the scan is done (BuildFilter). Until the first
 //     build ends, every read goes to Pebble;
 //   - deletions leave their bits: a swept key reads as "maybe" until the
 //     next build.
@@ -88,8 +89,8 @@ func (f *keyFilter) mayContain(h uint64) bool {
 
 // filterAdd adds the record key with hash h to the filters; the caller
 // holds its stripe and has not committed the write yet.
-func (db *DB) filterAdd(h uint64, fresh bool) {
-	p := db.filters.Load()
+func (t *Table) filterAdd(h uint64, fresh bool) {
+	p := t.filters.Load()
 	for _, f := range []*keyFilter{p.cur, p.next} {
 		if f == nil {
 			continue
@@ -100,66 +101,65 @@ func (db *DB) filterAdd(h uint64, fresh bool) {
 		// during the build and found by its scan counts twice, which only
 		// brings the next build nearer.
 		if fresh && f.added.Add(1) == f.capacity && f == p.cur {
-			db.signalRefilter()
+			t.signalRefilter()
 		}
 	}
 }
 
 // mayExist reports whether a record may be stored under the key with hash
 // h; false is certain. The caller holds its stripe.
-func (db *DB) mayExist(h uint64) bool {
-	f := db.filters.Load().cur
+func (t *Table) mayExist(h uint64) bool {
+	f := t.filters.Load().cur
 	return f == nil || f.mayContain(h)
 }
 
-// filterLoop builds the first filter and then a larger one each time the
-// current one fills, until Close.
-func (db *DB) filterLoop() {
-	defer db.bg.Done()
+// FilterLoop builds the first filter and then a larger one each time the
+// current one fills, until stop is closed. A failed build is passed to
+// warn and tried again later; reads keep going to Pebble meanwhile.
+func (t *Table) FilterLoop(warn func(error)) {
 	for {
 		var retry <-chan time.Time
-		if err := db.buildFilter(nil); err != nil && !errors.Is(err, ErrClosed) {
-			// Reads keep going to Pebble meanwhile.
-			db.opts.Logger.Warn("idem: build key filter", "err", err)
+		if err := t.BuildFilter(nil); err != nil && !errors.Is(err, contract.ErrClosed) {
+			warn(err)
 			retry = time.After(filterRetry)
 		}
 		select {
-		case <-db.stop:
+		case <-t.stop:
 			return
-		case <-db.refilter:
+		case <-t.refilter:
 		case <-retry:
 		}
 	}
 }
 
-// buildFilter replaces the current filter with one built from the stored
+// BuildFilter replaces the current filter with one built from the stored
 // records, sized by filterCapacity. It returns
-// ErrClosed if Close began meanwhile. Builds never overlap. afterSnapshot,
+// contract.ErrClosed if stop was closed meanwhile. Builds never overlap. afterSnapshot,
 // if not nil, runs once the scan has its snapshot: tests write behind the
 // scan's back with it. It is an argument rather than a field so that only
 // the build a test starts runs it, never one of the background loop's.
-func (db *DB) buildFilter(afterSnapshot func()) error {
-	db.building.Lock()
-	defer db.building.Unlock()
-	old := db.filters.Load().cur
-	nf := newKeyFilter(filterCapacity(old, db.minFilter))
-	db.filters.Store(&filterPair{cur: old, next: nf})
+func (t *Table) BuildFilter(afterSnapshot func()) error {
+	t.building.Lock()
+	defer t.building.Unlock()
+	old := t.filters.Load().cur
+	nf := newKeyFilter(filterCapacity(old, t.minFilter))
+	t.filters.Store(&filterPair{cur: old, next: nf})
 	// A writer that took its stripe before the line above may have added
 	// its key to old only; once every stripe has been free, all those
 	// writes have committed, and the scan below sees them.
-	for i := range db.stripes {
-		db.stripes[i].Lock()
-		db.stripes[i].Unlock()
+	for i := range t.stripes {
+		t.stripes[i].Lock()
+		t.stripes[i].Unlock()
 	}
-	n, err := db.scanRecordKeys(nf, afterSnapshot)
+	n, err := t.scanRecordKeys(nf, afterSnapshot)
 	if err != nil {
-		db.filters.Store(&filterPair{cur: old})
+		t.filters.Store(&filterPair{cur: old})
 		return err
 	}
 	nf.added.Add(n)
-	db.filters.Store(&filterPair{cur: nf})
+	t.filters.Store(&filterPair{cur: nf})
 	if nf.bornFull() {
-		db.signalRefilter()
+		t.signalRefilter()
 	}
 	return nil
 }
@@ -169,11 +169,9 @@ func (db *DB) buildFilter(afterSnapshot func()) error {
 // size came from (a first build on a large store), or writes went on
 // during the scan, perhaps past the point where filterAdd asks for a build,
 // which it does only for the filter in use. A filter sized for twice its
-// predecessor is born about half full, so the mark sits well above a half.
-// At a half, every build was followed at once by a second scan of the
-// whole store (0.6 s of a processor at 530k records), whose filter was
-// four times the first: the scans came in pairs, 2.7 times the store's
-// size in all as it grew, instead of 2 with one scan per doubling.
+// predecessor is born about half full, so the mark sits well above a half:
+// at a half, nearly every build would be followed at once by a second scan
+// of the whole store for a filter four times the first.
 func (f *keyFilter) bornFull() bool { return f.added.Load() >= f.capacity*3/4 }
 
 // filterCapacity sizes the filter that replaces old: for twice the keys
@@ -188,18 +186,18 @@ func filterCapacity(old *keyFilter, minKeys int64) int64 {
 	return max(minKeys, 2*old.added.Load())
 }
 
-func (db *DB) signalRefilter() {
+func (t *Table) signalRefilter() {
 	select {
-	case db.refilter <- struct{}{}:
+	case t.refilter <- struct{}{}:
 	default:
 	}
 }
 
 // scanRecordKeys adds every stored record key to f and returns how many
-// there were. afterSnapshot is buildFilter's.
-func (db *DB) scanRecordKeys(f *keyFilter, afterSnapshot func()) (int64, error) {
+// there were. afterSnapshot is BuildFilter's.
+func (t *Table) scanRecordKeys(f *keyFilter, afterSnapshot func()) (int64, error) {
 	lo, hi := keys.RecordSpan()
-	it, err := db.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	it, err := t.pdb.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return 0, fmt.Errorf("idem: scan record keys: %w", err)
 	}
@@ -210,13 +208,13 @@ func (db *DB) scanRecordKeys(f *keyFilter, afterSnapshot func()) (int64, error) 
 	for ok := it.First(); ok; ok = it.Next() {
 		if n%4096 == 0 {
 			select {
-			case <-db.stop:
+			case <-t.stop:
 				it.Close()
-				return 0, ErrClosed
+				return 0, contract.ErrClosed
 			default:
 			}
 		}
-		f.add(db.hash(it.Key()))
+		f.add(t.hash(it.Key()))
 		n++
 	}
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
