@@ -72,8 +72,10 @@ type Options struct {
 	// Now is the clock. Tests pass a fake one. Default: time.Now.
 	Now func() time.Time
 
-	// FS is the filesystem Pebble uses, for tests (vfs.NewMem,
-	// vfs.NewCrashableMem, errorfs). Default: the operating system's.
+	// FS is the filesystem Pebble uses: vfs.NewMem() keeps the store in
+	// memory, and durability tests pass Pebble's crashable and failing
+	// ones (vfs.NewCrashableMem, errorfs). Default: the operating
+	// system's.
 	FS vfs.FS
 
 	// Logger receives idem's own warnings (overdue claims, sweep
