@@ -108,31 +108,29 @@ func Open(dir string, opts *Options) (*DB, error) {
 	// Most claims look up keys that do not exist yet; without filters each
 	// miss reads a data block from every level.
 	popts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
-	// Inline bodies reach Pebble compressed already (encode), so its
-	// tables gain little from compression for what it costs every flush
-	// and compaction; but chunked bodies reach it raw. The fastest profile
-	// (MinLZ; Snappy on arm64) keeps tables about as small as Snappy did at
-	// less processor time: see bench/README.md.
+	// Inline bodies reach Pebble compressed already, so its tables gain
+	// little from compression for what it costs every flush and
+	// compaction; but chunked bodies reach it raw. The fastest profile
+	// (MinLZ; Snappy on arm64) is the cheapest that still shrinks them.
 	popts.Levels[0].Compression = func() *sstable.CompressionProfile { return sstable.FastestCompression }
 	// Record values of 512 bytes or more (completions with a body of a
 	// few hundred bytes or more) go to blob files at flush, and
 	// compactions then move only keys and references. Keys are random,
 	// so every table overlaps the whole store, and without this each
-	// record is rewritten at every level it passes: the compactions of a
-	// growing store took half the processor time and lengthened the log's
-	// syncs. Pebble rewrites values into new blob files once a table
-	// would refer to more flushes' blob files than the reference depth;
-	// at 10 that happened all the time, and 1000 puts it off for as long
-	// as a store keeps about a thousand flushes' worth of live records.
+	// record is rewritten at every level it passes, and those compactions
+	// take processor time from the callers and lengthen the log's syncs.
+	// Pebble rewrites values into new blob files once a table would refer
+	// to more flushes' blob files than the reference depth; with random
+	// keys a small depth is reached all the time, and 1000 puts it off for
+	// as long as a store keeps about a thousand flushes' worth of live
+	// records.
 	// Locality only helps scans, and idem reads records by key.
 	// A blob file is deleted once none of its values is referenced; with
 	// one TTL, records of one flush expire together and their files go
 	// whole. Stores mixing TTLs leave files partly garbage, which Pebble
 	// rewrites, an hour-old file at a time when no other compaction is
-	// due, once a fifth of all blob bytes are garbage.
-	// Measured on a store growing to 1.2M records: +19-21% records in the
-	// same time, and random reads of the grown store about a fifth slower
-	// (see bench/README.md).
+	// due, once a fifth of all blob bytes are garbage. The price is one
+	// more block per random read of an old record.
 	popts.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
 		return pebble.ValueSeparationPolicy{
 			Enabled:               true,

@@ -20,8 +20,7 @@ import (
 // so the cost of that sync bounds how fast idem can go. Syncing a write that
 // grows a file also commits the new size and block allocation through the
 // filesystem journal; syncing a write over blocks that already exist flushes
-// the data alone, which on ext4 measured 2.5 times faster for a 40 KiB
-// write. Pebble reuses old log files once it has some, but a fresh store,
+// the data alone, which is much cheaper. Pebble reuses old log files once it has some, but a fresh store,
 // and each log beyond the reused ones, grows its file one write at a time.
 //
 // FS therefore keeps a stretch of written, synced zeros ahead of the end
