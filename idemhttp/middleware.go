@@ -229,21 +229,23 @@ type ctxKey struct{}
 // outcome is how the handler told the middleware to treat its response.
 type outcome struct{ release, unknown bool }
 
-// Release tells the middleware that the handler's request committed
-// nothing (it failed validation, say), so the key is freed and a retry
-// runs the handler again; the response still goes to the client but is
-// not stored. Calls outside the middleware do nothing.
+// Release is the handler's Lease.Release: it tells the middleware that
+// the request committed nothing (it failed validation, say), so the key
+// is freed and a retry runs the handler again. The response still goes to
+// the client but is not stored. Calls outside the middleware do nothing.
 func Release(r *http.Request) {
 	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
 		o.release = true
 	}
 }
 
-// Unknown tells the middleware that the operation may or may not have
-// taken effect (a downstream call timed out after the request left), so
-// the record becomes unknown: retries get 409 outcome_pending until a
-// reconciler or an operator resolves it. It wins over Release.
-func Unknown(r *http.Request) {
+// MarkUnknown is the handler's Lease.MarkUnknown: it tells the middleware
+// that the operation may or may not have taken effect (a downstream call
+// timed out after the request left), so the record becomes unknown and
+// retries get 409 outcome_pending until a reconciler or an operator
+// resolves it. It wins over Release. Calls outside the middleware do
+// nothing.
+func MarkUnknown(r *http.Request) {
 	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
 		o.unknown = true
 	}

@@ -415,7 +415,7 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 			idemhttp.Release(r)
 			w.WriteHeader(http.StatusBadRequest)
 		case "unknown":
-			idemhttp.Unknown(r)
+			idemhttp.MarkUnknown(r)
 			w.WriteHeader(http.StatusGatewayTimeout)
 		default:
 			w.WriteHeader(http.StatusCreated)
