@@ -290,6 +290,26 @@ func TestOtherRefusals(t *testing.T) {
 	assert.Zero(t, m.Claims)
 }
 
+// TestMaxRequestBytesIsTheOnlyBodyLimit: the body's limit is
+// MaxRequestBytes alone. A body over the canonicalizer's default limit but
+// under MaxRequestBytes is fingerprinted and runs, and a second limit in
+// Options.Canonical is refused at construction, naming the one to use.
+func TestMaxRequestBytesIsTheOnlyBodyLimit(t *testing.T) {
+	e := setup(t, idemhttp.Options{MaxRequestBytes: 2 << 20})
+	big := `{"memo":"` + strings.Repeat("m", 3<<19) + `"}` // 1.5 MiB
+	resp, _ := e.call("POST", "/v1/payments", "acme", big, "big")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	resp, body := e.call("POST", "/v1/payments", "acme", big+strings.Repeat(" ", 1<<19), "bigger")
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	assert.Contains(t, problem(t, resp, body).Detail, "larger than 2097152 bytes")
+
+	_, err := idemhttp.New(idemhttp.Options{Store: e.db, Tenant: bearer,
+		Canonical: idem.CanonicalOptions{MaxBytes: 4 << 20}})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Options.Canonical.MaxBytes")
+	assert.Contains(t, err.Error(), "set Options.MaxRequestBytes")
+}
+
 // TestRefusalsNameTheirCause: a path too long to store and a body over an
 // outer http.MaxBytesReader are the request's faults, reported as such
 // and not as a bad key or a malformed body.
