@@ -81,10 +81,9 @@ func serverFingerprint(t *testing.T, body string) idem.Fingerprint {
 func TestEndToEndDroppedResponses(t *testing.T) {
 	s := newIdemServer(t, 2)
 	c := newFakeClock()
-	client, err := idemclient.NewClient(&idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})
-	require.NoError(t, err)
+	client := &http.Client{Transport: newTransport(t, &idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})}
 
-	resp, err := client.Post(context.Background(), "", s.srv.URL+"/orders", "application/json", []byte(`{"sku":"tea","qty":2}`))
+	resp, err := client.Do(post(t, context.Background(), s.srv.URL+"/orders", `{"sku":"tea","qty":2}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -102,7 +101,7 @@ func TestEndToEndDroppedResponses(t *testing.T) {
 	// The same key with another body is a client bug: 422, not retried.
 	req := post(t, context.Background(), s.srv.URL+"/orders", `{"sku":"tea","qty":3}`)
 	req.Header.Set(contract.HeaderKey, idemclient.Key(resp))
-	resp2, err := client.HTTPClient().Do(req)
+	resp2, err := client.Do(req)
 	require.NoError(t, err)
 	defer resp2.Body.Close()
 	assert.Equal(t, http.StatusUnprocessableEntity, resp2.StatusCode)

@@ -642,13 +642,15 @@ func TestCallerKeyDisagreesWithStore(t *testing.T) {
 	assert.Empty(t, f.requests())
 }
 
-func TestClientHelper(t *testing.T) {
+// TestInsideHTTPClient: the Transport's one intended shape is inside an
+// http.Client, with the operation named on the request's context.
+func TestInsideHTTPClient(t *testing.T) {
 	f := newFlaky(t, status(502))
 	c := newFakeClock()
 	store := &idemclient.MemoryKeyStore{}
-	client, err := idemclient.NewClient(&idemclient.Options{Base: noReuse(), KeyStore: store, Sleep: c.Sleep, Now: c.Now})
-	require.NoError(t, err)
-	resp, err := client.Post(context.Background(), "order-7", f.srv.URL, "application/json", []byte(`{"n":7}`))
+	client := &http.Client{Transport: newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store, Sleep: c.Sleep, Now: c.Now})}
+	ctx := idemclient.WithOperation(context.Background(), "order-7")
+	resp, err := client.Do(post(t, ctx, f.srv.URL, `{"n":7}`))
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
@@ -660,9 +662,8 @@ func TestClientHelper(t *testing.T) {
 
 	// Through http.Client the typed error is still reachable.
 	f2 := newFlaky(t, status(503), status(503))
-	client, err = idemclient.NewClient(&idemclient.Options{Base: noReuse(), MaxAttempts: 2, Sleep: c.Sleep, Now: c.Now})
-	require.NoError(t, err)
-	_, err = client.Post(context.Background(), "", f2.srv.URL, "", nil)
+	client = &http.Client{Transport: newTransport(t, &idemclient.Options{Base: noReuse(), MaxAttempts: 2, Sleep: c.Sleep, Now: c.Now})}
+	_, err = client.Do(post(t, context.Background(), f2.srv.URL, ""))
 	var rerr *idemclient.RetryError
 	require.ErrorAs(t, err, &rerr)
 	assert.Equal(t, 2, rerr.Attempts)
