@@ -41,14 +41,9 @@ func TestBadKeysAreRefusedAndStoreNothing(t *testing.T) {
 		})
 	}
 	t.Run("standard name and alias together", func(t *testing.T) {
-		req, _ := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(pay))
-		req.Header.Set("Authorization", "Bearer acme")
-		req.Header.Set("Idempotency-Key", "a")
-		req.Header.Set("X-Idempotency-Key", "a")
-		resp, err := e.srv.Client().Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
+		resp, body := e.callWith(http.Header{"X-Idempotency-Key": {"a"}}, "POST", "/v1/payments", "acme", pay, "a")
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, contract.CodeKeyInvalid, problem(t, resp, body).Code)
 	})
 	assert.Zero(t, e.app.runs.Load())
 	m, err := e.db.Metrics(context.Background())
@@ -67,12 +62,7 @@ func TestBadKeysAreRefusedAndStoreNothing(t *testing.T) {
 func TestAliasHeader(t *testing.T) {
 	e := setup(t, idemhttp.Options{Aliases: []string{"X-Idempotency-Key"}})
 	for range 2 {
-		req, _ := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(pay))
-		req.Header.Set("Authorization", "Bearer acme")
-		req.Header.Set("X-Idempotency-Key", "via-alias")
-		resp, err := e.srv.Client().Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
+		resp, _ := e.callWith(http.Header{"X-Idempotency-Key": {"via-alias"}}, "POST", "/v1/payments", "acme", pay)
 		assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	}
 	assert.Equal(t, int64(1), e.app.runs.Load())

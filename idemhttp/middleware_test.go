@@ -6,7 +6,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -142,19 +141,14 @@ func TestMaxRequestBytesIsTheOnlyBodyLimit(t *testing.T) {
 // outer http.MaxBytesReader are the request's faults, reported as such
 // and not as a bad key or a malformed body.
 func TestRefusalsNameTheirCause(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
-	require.NoError(t, err)
-	a := &app{}
-	capped := mw(a)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/capped" {
-			r.Body = http.MaxBytesReader(w, r.Body, 10)
-		}
-		capped.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	e := &env{t: t, db: db, app: a, srv: srv}
+	e := setup(t, idemhttp.Options{}, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/capped" {
+				r.Body = http.MaxBytesReader(w, r.Body, 10)
+			}
+			next.ServeHTTP(w, r)
+		})
+	})
 
 	resp, body := e.call("POST", "/v1/"+strings.Repeat("a", idem.MaxEndpointBytes), "acme", pay, "k")
 	assert.Equal(t, http.StatusRequestURITooLong, resp.StatusCode)
@@ -168,8 +162,8 @@ func TestRefusalsNameTheirCause(t *testing.T) {
 	assert.Equal(t, contract.CodePayloadTooLarge, p.Code)
 	assert.Contains(t, p.Detail, "larger than 10 bytes")
 
-	assert.Zero(t, a.runs.Load())
-	m, err := db.Metrics(context.Background())
+	assert.Zero(t, e.app.runs.Load())
+	m, err := e.db.Metrics(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, m.Claims)
 }
@@ -287,17 +281,12 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 }
 
 func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
 	var seen []idemhttp.Observation
-	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger(),
-		Observe: func(o idemhttp.Observation) { seen = append(seen, o) }})
-	require.NoError(t, err)
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { panic("boom") }))
-	req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(pay))
-	req.Header.Set("Authorization", "Bearer acme")
-	req.Header.Set("Idempotency-Key", "p")
-	assert.PanicsWithValue(t, "boom", func() { h.ServeHTTP(httptest.NewRecorder(), req) })
-	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "p"})
+	e := setup(t, idemhttp.Options{Observe: func(o idemhttp.Observation) { seen = append(seen, o) }})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) { panic("boom") }
+	req := e.request(nil, "POST", "/v1/payments", "acme", pay, "p")
+	assert.PanicsWithValue(t, "boom", func() { e.serve(req) })
+	rec, err := e.db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "p"})
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateUnknown, rec.State)
 	require.Len(t, seen, 1, "a panicking request is still observed")
@@ -350,49 +339,40 @@ func TestEncodedBodyIsHashedAsSent(t *testing.T) {
 // returning (runtime.Goexit, as t.FailNow does) may have done anything, as
 // after a panic, and recover sees no value.
 func TestGoexitRecordsUnknown(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
-	require.NoError(t, err)
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runtime.Goexit() }))
-	req := httptest.NewRequest("POST", "/v1/payments", strings.NewReader(pay))
-	req.Header.Set("Authorization", "Bearer acme")
-	req.Header.Set("Idempotency-Key", "g")
+	e := setup(t, idemhttp.Options{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) { runtime.Goexit() }
+	req := e.request(nil, "POST", "/v1/payments", "acme", pay, "g")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		h.ServeHTTP(httptest.NewRecorder(), req)
+		e.serve(req)
 	}()
 	<-done
-	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "g"})
+	rec, err := e.db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "g"})
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateUnknown, rec.State)
 }
 
 func TestClientDisconnectDoesNotCancelTheHandler(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
-	require.NoError(t, err)
 	outer := make(chan context.Context, 1)
 	started := make(chan struct{})
 	gone := make(chan struct{})
 	handlerErr := make(chan error, 1)
-	inner := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e := setup(t, idemhttp.Options{}, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			outer <- r.Context()
+			next.ServeHTTP(w, r)
+		})
+	})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
 		close(started)
 		<-gone // the server has seen the client leave
 		handlerErr <- r.Context().Err()
 		io.WriteString(w, "charged")
-	}))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		outer <- r.Context()
-		inner.ServeHTTP(w, r)
-	}))
-	defer srv.Close()
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/payments", strings.NewReader(pay))
-	req.Header.Set("Authorization", "Bearer acme")
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", "gone")
+	req := e.request(nil, "POST", "/v1/payments", "acme", pay, "gone").WithContext(ctx)
 	go func() {
 		connCtx := <-outer
 		// Leave only once the middleware has read the whole body: a client
@@ -402,13 +382,13 @@ func TestClientDisconnectDoesNotCancelTheHandler(t *testing.T) {
 		<-connCtx.Done()
 		close(gone)
 	}()
-	_, err = srv.Client().Do(req)
+	_, err := e.srv.Client().Do(req)
 	require.Error(t, err)
 	require.NoError(t, <-handlerErr, "the handler's context must outlive the client")
 
 	scope := idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "gone"}
-	require.NoError(t, db.Wait(context.Background(), scope))
-	rec, err := db.Get(context.Background(), scope)
+	require.NoError(t, e.db.Wait(context.Background(), scope))
+	rec, err := e.db.Get(context.Background(), scope)
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateCompleted, rec.State)
 	assert.Equal(t, "charged", string(rec.Response.Body), "the retry will find the whole result")

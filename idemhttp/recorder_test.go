@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -27,29 +26,24 @@ import (
 // What the handler set is replayed: a field it changed from the outer
 // layer's value replaces the retry's, values it added go beside them.
 func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
-	require.NoError(t, err)
-	a := &app{}
-	inner := mw(a)
 	var n atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n.Add(1)))
-		w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
-		w.Header().Set("Cache-Control", "no-cache")
-		w.Header().Add("Set-Cookie", fmt.Sprintf("sid=s%d", n.Load()))
-		w.Header().Set(http.TrailerPrefix+"X-Trace", fmt.Sprintf("t%d", n.Load()))
-		inner.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	a.handler = func(w http.ResponseWriter, r *http.Request) {
+	e := setup(t, idemhttp.Options{}, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n.Add(1)))
+			w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
+			w.Header().Set("Cache-Control", "no-cache")
+			w.Header().Add("Set-Cookie", fmt.Sprintf("sid=s%d", n.Load()))
+			w.Header().Set(http.TrailerPrefix+"X-Trace", fmt.Sprintf("t%d", n.Load()))
+			next.ServeHTTP(w, r)
+		})
+	})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "private")
 		w.Header().Add("Set-Cookie", "receipt=pay_1")
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":"pay_1"}`)
 	}
-	e := &env{t: t, db: db, app: a, srv: srv}
 	post := func(origin string) *http.Response {
 		resp, _ := e.callWith(http.Header{"Origin": {origin}}, "POST", "/v1/payments", "acme", pay, "rid")
 		return resp
@@ -66,7 +60,7 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 	assert.Equal(t, []string{"sid=s2", "receipt=pay_1"}, again.Header.Values("Set-Cookie"), "the retry's session, the handler's cookie")
 	assert.Equal(t, "t2", again.Trailer.Get("X-Trace"), "the retry's own trailer")
 	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
-	assert.Equal(t, int64(1), a.runs.Load())
+	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
 func TestKeyEchoedOnceEvenIfTheHandlerAddsIt(t *testing.T) {
@@ -165,19 +159,14 @@ func TestReplayFramesTrailersAsTheFirstAnswer(t *testing.T) {
 // TestHTTP2ReplaysTrailersBesideALength: HTTP/2 sends trailers whatever
 // the length, so its replay does too.
 func TestHTTP2ReplaysTrailersBesideALength(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Logger: discardLogger()})
-	require.NoError(t, err)
-	srv := httptest.NewUnstartedServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e := setup(t, idemhttp.Options{})
+	e.useHTTP2()
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "4")
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "paid")
 		w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
-	})))
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	e := &env{t: t, db: db, srv: srv}
+	}
 	first, body := e.call("POST", "/v1/payments", "acme", pay, "h2")
 	require.Equal(t, 2, first.ProtoMajor)
 	assert.Equal(t, "paid", body)
@@ -280,11 +269,7 @@ func TestStreamedResponseIsFlushedAndStored(t *testing.T) {
 		<-next
 		io.WriteString(w, "part two\n")
 	}
-	req, _ := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(pay))
-	req.Header.Set("Authorization", "Bearer acme")
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", "s")
-	resp, err := e.srv.Client().Do(req)
+	resp, err := e.srv.Client().Do(e.request(nil, "POST", "/v1/payments", "acme", pay, "s"))
 	require.NoError(t, err)
 	rd := bufio.NewReader(resp.Body)
 	line, err := rd.ReadString('\n')
@@ -318,12 +303,7 @@ func TestStreamKeepsItsEndUntilStored(t *testing.T) {
 					assert.NoError(t, e.db.Close())
 				}
 			}
-			req, err := http.NewRequest("POST", e.srv.URL+"/v1/payments", strings.NewReader(pay))
-			require.NoError(t, err)
-			req.Header.Set("Authorization", "Bearer acme")
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Idempotency-Key", "stream-1")
-			resp, err := e.srv.Client().Do(req)
+			resp, err := e.srv.Client().Do(e.request(nil, "POST", "/v1/payments", "acme", pay, "stream-1"))
 			require.NoError(t, err)
 			defer resp.Body.Close()
 			head := make([]byte, 3)
