@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -303,27 +302,18 @@ func TestConnectionReuse(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := &flaky{steps: []step{{status: 503, body: big}, {status: 502, body: big}}}
-			var conns atomic.Int32
-			srv := httptest.NewUnstartedServer(f)
-			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-				if s == http.StateNew {
-					conns.Add(1)
-				}
-			}
-			srv.Start()
-			t.Cleanup(srv.Close)
+			f := newFlaky(t, step{status: 503, body: big}, step{status: 502, body: big})
 			base := &http.Transport{}
 			t.Cleanup(base.CloseIdleConnections)
 			c := newFakeClock()
 			tr := newTransport(t, &idemclient.Options{Base: base, DrainBytes: tt.drain, Sleep: c.Sleep, Now: c.Now})
-			resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{}`))
+			resp, err := tr.RoundTrip(post(t, context.Background(), f.srv.URL, `{}`))
 			require.NoError(t, err)
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			assert.Equal(t, http.StatusCreated, resp.StatusCode)
 			assert.Equal(t, 3, idemclient.Attempts(resp))
-			assert.Equal(t, tt.wantConns, conns.Load())
+			assert.Equal(t, tt.wantConns, f.conns.Load())
 		})
 	}
 }
@@ -350,8 +340,7 @@ func TestKeyChoice(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFlaky(t)
 			tr := newTransport(t, &idemclient.Options{Base: noReuse(), Header: tt.header, Methods: tt.methods})
-			req, err := http.NewRequest(tt.method, f.srv.URL, nil)
-			require.NoError(t, err)
+			req := request(t, context.Background(), tt.method, f.srv.URL, "")
 			if tt.callerKey != "" {
 				req.Header.Set(contract.HeaderKey, tt.callerKey)
 			}
@@ -415,8 +404,7 @@ func TestUnkeyedRequests(t *testing.T) {
 			f := newFlaky(t, status(503))
 			c := newFakeClock()
 			tr := newTransport(t, &idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})
-			req, err := http.NewRequest(tt.method, f.srv.URL, strings.NewReader("x"))
-			require.NoError(t, err)
+			req := request(t, context.Background(), tt.method, f.srv.URL, "x")
 			resp, err := tr.RoundTrip(req)
 			require.NoError(t, err)
 			resp.Body.Close()
@@ -428,9 +416,9 @@ func TestUnkeyedRequests(t *testing.T) {
 }
 
 func TestTransportErrorIsTheCause(t *testing.T) {
-	srv := httptest.NewServer(http.NotFoundHandler())
-	url := srv.URL
-	srv.Close() // nothing listens any more: every attempt is refused
+	f := newFlaky(t)
+	url := f.srv.URL
+	f.srv.Close() // nothing listens any more: every attempt is refused
 	c := newFakeClock()
 	tr := newTransport(t, &idemclient.Options{Base: noReuse(), MaxAttempts: 3, Sleep: c.Sleep, Now: c.Now})
 	_, err := tr.RoundTrip(post(t, context.Background(), url, `{}`))
