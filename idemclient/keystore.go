@@ -32,8 +32,8 @@ type KeyStore interface {
 	// op sends, in this process and in any later one.
 	//
 	// The first Save of op stores key and returns it, and returns only
-	// once key is durable, that is kept as long as the store keeps
-	// anything (across a crash, for a store meant to survive one). The
+	// once key is durable: kept as long as the store keeps anything
+	// (across a crash, for a store meant to survive one). The
 	// Transport sends the key as soon as Save returns; a key the server
 	// has seen but the store then lost would let a restarted client run
 	// the operation a second time under a new key.
