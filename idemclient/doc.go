@@ -2,6 +2,11 @@
 // http.RoundTripper that retries writes without ever turning one operation
 // into two.
 //
+// Make a Transport with NewTransport and put it in an http.Client of your
+// own; name an operation on a request's context with WithOperation; read
+// what happened with Replayed, Key and Attempts. A KeyStore keeps
+// operations' keys across restarts.
+//
 // # One key per operation
 //
 // The server can only recognize a retry if it carries the key of the first

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -81,10 +80,9 @@ func serverFingerprint(t *testing.T, body string) idem.Fingerprint {
 func TestEndToEndDroppedResponses(t *testing.T) {
 	s := newIdemServer(t, 2)
 	c := newFakeClock()
-	client, err := idemclient.NewClient(&idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})
-	require.NoError(t, err)
+	client := &http.Client{Transport: newTransport(t, &idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})}
 
-	resp, err := client.Post(context.Background(), "", s.srv.URL+"/orders", "application/json", []byte(`{"sku":"tea","qty":2}`))
+	resp, err := client.Do(post(t, context.Background(), s.srv.URL+"/orders", `{"sku":"tea","qty":2}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
@@ -102,7 +100,7 @@ func TestEndToEndDroppedResponses(t *testing.T) {
 	// The same key with another body is a client bug: 422, not retried.
 	req := post(t, context.Background(), s.srv.URL+"/orders", `{"sku":"tea","qty":3}`)
 	req.Header.Set(contract.HeaderKey, idemclient.Key(resp))
-	resp2, err := client.HTTPClient().Do(req)
+	resp2, err := client.Do(req)
 	require.NoError(t, err)
 	defer resp2.Body.Close()
 	assert.Equal(t, http.StatusUnprocessableEntity, resp2.StatusCode)
@@ -168,48 +166,20 @@ func TestEndToEndOutcomePending(t *testing.T) {
 	assert.Equal(t, 0, done, "an unresolved outcome is not done")
 }
 
-// lookupStore is a KeyStore that can also be read back, as both of the
-// package's stores can.
-type lookupStore interface {
-	idemclient.KeyStore
-	Lookup(ctx context.Context, op string) (string, int, error)
-}
-
 // TestRestartWithPersistedKey: a client stores its key, sends, loses the
 // response and stops. A new client (a new Transport over the same store;
 // for the DB store a reopened DB) resumes the operation with the same key
 // and gets the replay: one execution in all.
 func TestRestartWithPersistedKey(t *testing.T) {
-	tests := []struct {
-		name string
-		// open returns the store as a fresh process would see it.
-		open func(t *testing.T) lookupStore
-	}{
-		{name: "memory", open: func() func(t *testing.T) lookupStore {
-			store := &idemclient.MemoryKeyStore{}
-			return func(*testing.T) lookupStore { return store }
-		}()},
-		{name: "db", open: func() func(t *testing.T) lookupStore {
-			fs := vfs.NewMem()
-			var last *idem.DB
-			return func(t *testing.T) lookupStore {
-				if last != nil {
-					require.NoError(t, last.Close()) // the "process" stops
-				}
-				db, _ := idemtest.Open(t, &idem.Options{FS: fs})
-				last = db
-				return idemclient.NewStoreKeyStore(db, "client-a")
-			}
-		}()},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+	for _, impl := range keyStoreImpls() {
+		t.Run(impl.name, func(t *testing.T) {
 			s := newIdemServer(t, 1)
 			ctx := idemclient.WithOperation(context.Background(), "order-1042")
 			const body = `{"sku":"tea","qty":2}`
 
 			// First process: one attempt, committed on the server, lost.
-			store := tt.open(t)
+			ks, restart := impl.open(t)
+			store := ks.(lookupStore)
 			tr := newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store, MaxAttempts: 1})
 			_, err := tr.RoundTrip(post(t, ctx, s.srv.URL+"/orders", body))
 			var rerr *idemclient.RetryError
@@ -221,7 +191,7 @@ func TestRestartWithPersistedKey(t *testing.T) {
 			assert.Equal(t, int32(1), s.executions.Load())
 
 			// Second process: same operation name, same key, a replay.
-			store = tt.open(t)
+			store = restart().(lookupStore)
 			tr = newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store})
 			resp, err := tr.RoundTrip(post(t, ctx, s.srv.URL+"/orders", body))
 			require.NoError(t, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,7 +29,7 @@ func Example() {
 	defer srv.Close()
 
 	store := &idemclient.MemoryKeyStore{} // or NewStoreKeyStore, to survive restarts
-	client, err := idemclient.NewClient(&idemclient.Options{
+	tr, err := idemclient.NewTransport(&idemclient.Options{
 		KeyStore: store,
 		Backoff:  idemclient.FullJitter(time.Millisecond, 10*time.Millisecond, nil),
 	})
@@ -36,8 +37,17 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	resp, err := client.Post(context.Background(), "order-1042", srv.URL+"/orders",
-		"application/json", []byte(`{"sku":"tea","qty":2}`))
+	client := &http.Client{Transport: tr, Timeout: time.Minute}
+
+	ctx := idemclient.WithOperation(context.Background(), "order-1042")
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders",
+		strings.NewReader(`{"sku":"tea","qty":2}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
 	if err != nil {
 		fmt.Println(err)
 		return

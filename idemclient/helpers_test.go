@@ -3,11 +3,13 @@ package idemclient_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,13 +95,20 @@ type flaky struct {
 	mu    sync.Mutex
 	steps []step
 	got   []seen
+	conns atomic.Int32 // connections opened to it
 	srv   *httptest.Server
 }
 
 func newFlaky(t *testing.T, steps ...step) *flaky {
 	t.Helper()
 	f := &flaky{steps: steps}
-	f.srv = httptest.NewServer(f)
+	f.srv = httptest.NewUnstartedServer(f)
+	f.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			f.conns.Add(1)
+		}
+	}
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
 }
@@ -160,10 +169,19 @@ func newTransport(t *testing.T, o *idemclient.Options) *idemclient.Transport {
 	return tr
 }
 
+// request builds a request whose body can be sent again, as
+// http.NewRequest makes one from a string.
+func request(t *testing.T, ctx context.Context, method, url, body string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	return req
+}
+
+// post is a request POSTing a JSON body.
 func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	require.NoError(t, err)
+	req := request(t, ctx, http.MethodPost, url, body)
 	req.Header.Set("Content-Type", "application/json")
 	return req
 }

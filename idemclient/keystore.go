@@ -11,29 +11,78 @@ import (
 	"github.com/idemkv/idem/contract"
 )
 
-// KeyStore keeps the key of each named operation across restarts of the
-// client, so that an operation interrupted by a crash is resumed with the
-// key it was first sent with. Implementations must be safe for concurrent
-// use.
+// KeyStore keeps the key of each named operation (see WithOperation)
+// across restarts of the client, so that an operation cut off by a crash
+// is resumed with the key it was first sent with and the server replays
+// its outcome instead of running it again. MemoryKeyStore and
+// StoreKeyStore implement it. An implementation of your own must keep
+// the promises in this comment: the Transport relies on each of them.
+//
+// It must be safe for concurrent use: a Transport calls it from every
+// goroutine that sends a request.
+//
+// The Transport calls it only for requests that carry an operation name,
+// so op is never empty, and key is never empty either. An implementation
+// may bound their lengths and refuse longer ones with an error
+// (StoreKeyStore takes names of at most contract.MaxKeyBytes).
+//
+// Both methods should give up when ctx is done and return its error.
 type KeyStore interface {
-	// Save returns the key of operation op. If op has none yet, Save
-	// stores key for it, durably before returning, and returns key;
-	// otherwise it returns the stored key and ignores key. The Transport
-	// sends nothing until Save has returned.
+	// Save returns the key of operation op: the key that every attempt of
+	// op sends, in this process and in any later one.
+	//
+	// The first Save of op stores key and returns it, and returns only
+	// once key is durable: kept as long as the store keeps anything
+	// (across a crash, for a store meant to survive one). The
+	// Transport sends the key as soon as Save returns; a key the server
+	// has seen but the store then lost would let a restarted client run
+	// the operation a second time under a new key.
+	//
+	// Every later Save of op, before or after Done, returns the stored
+	// key with a nil error and ignores its key argument: an operation's
+	// key never changes. The Transport refuses a request whose own key
+	// header disagrees with the stored key. Operations are independent of
+	// one another.
+	//
+	// Saves of one operation that overlap must agree: every one that
+	// succeeds returns the same key. A Save may instead fail, with an
+	// error matching contract.ErrInProgress, because another is under
+	// way, as StoreKeyStore's does rather than wait.
+	//
+	// When Save fails the Transport sends nothing and returns the error
+	// inside a *RetryError. A key stored by a Save that then failed was
+	// never sent, so a later Save may return it or replace it.
 	Save(ctx context.Context, op, key string) (string, error)
-	// Done records that op received a definitive response with status.
-	// Only the first call for an operation counts. It does not forget the
-	// key: a later request under the same name sends it again and gets
-	// the stored outcome from the server.
+
+	// Done records that op received a definitive response (see
+	// Options.Definitive) with status, for the application to read back
+	// (both stores here have a Lookup method for that). The first Done of
+	// op records status; a later one returns nil and changes nothing. A
+	// Done that overlaps another of the same operation may fail instead.
+	//
+	// Done does not forget the key: a later Save of op returns it, so a
+	// request sent again under the same name gets the server's stored
+	// outcome, not a second run.
+	//
+	// Done of an operation that has no key fails with an error matching
+	// ErrUnknownOperation.
+	//
+	// The Transport calls Done with a context that the request's
+	// cancellation does not reach, and only logs its error: the response
+	// has arrived and goes to the caller, and an operation left open only
+	// means that sending it again replays. Done's record should be durable
+	// when it returns, but losing it does no harm beyond that.
 	Done(ctx context.Context, op string, status int) error
 }
 
 // ErrUnknownOperation: the key store holds no key for the operation.
+// KeyStore.Done and the stores' Lookup methods return it, wrapped.
 var ErrUnknownOperation = errors.New("idemclient: unknown operation")
 
 // MemoryKeyStore is a KeyStore in memory, for tests and for processes in
-// which a Transport may be rebuilt but the process lives on. The zero value
-// is an empty store ready to use. It is safe for concurrent use.
+// which a Transport may be rebuilt but the process lives on: its keys last
+// as long as the process. The zero value is an empty store ready to use.
+// It is safe for concurrent use.
 type MemoryKeyStore struct {
 	mu  sync.Mutex
 	ops map[string]memOp // guarded by mu

@@ -217,6 +217,12 @@ func sleep(ctx context.Context, d time.Duration) error {
 // A call that ends without a final response returns a *RetryError. A
 // final response is returned as is, whatever its status; Replayed, Key and
 // Attempts describe it. A Transport is safe for concurrent use.
+//
+// Put it in an http.Client, &http.Client{Transport: t}, and name each
+// operation on its request's context with WithOperation. The client's
+// Timeout then bounds a whole call, retries and waits included, and
+// http.Client.Do returns the *RetryError inside a *url.Error, where
+// errors.As finds it.
 type Transport struct {
 	o       Options
 	methods map[string]bool

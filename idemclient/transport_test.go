@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -126,41 +125,6 @@ func TestClientTable(t *testing.T) {
 	}
 }
 
-func TestRetryAfter(t *testing.T) {
-	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
-	tests := []struct {
-		name   string
-		header string
-		want   time.Duration
-		wantOK bool
-	}{
-		{name: "absent", header: ""},
-		{name: "delta seconds", header: "3", want: 3 * time.Second, wantOK: true},
-		{name: "delta seconds with spaces", header: " 7 ", want: 7 * time.Second, wantOK: true},
-		{name: "zero", header: "0", want: 0, wantOK: true},
-		{name: "negative", header: "-1"},
-		{name: "fraction", header: "1.5"},
-		{name: "garbage", header: "soon"},
-		{name: "IMF-fixdate", header: now.Add(5 * time.Second).Format(http.TimeFormat), want: 5 * time.Second, wantOK: true},
-		{name: "RFC 850 date", header: "Wednesday, 04-Mar-26 05:06:17 GMT", want: 10 * time.Second, wantOK: true},
-		{name: "asctime date", header: "Wed Mar  4 05:06:27 2026", want: 20 * time.Second, wantOK: true},
-		{name: "date in the past", header: now.Add(-time.Hour).Format(http.TimeFormat), want: 0, wantOK: true},
-		{name: "absurdly long", header: "99999999999999999999", want: time.Duration(1<<63 - 1), wantOK: true},
-		{name: "longer than a Duration", header: "9999999999999", want: time.Duration(1<<63 - 1), wantOK: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			resp := &http.Response{Header: http.Header{}}
-			if tt.header != "" {
-				resp.Header.Set("Retry-After", tt.header)
-			}
-			got, ok := idemclient.RetryAfter(resp, now)
-			assert.Equal(t, tt.wantOK, ok)
-			assert.Equal(t, tt.want, got)
-		})
-	}
-}
-
 // zeroBackoff makes the wait exactly what Retry-After asks.
 func zeroBackoff(int, *http.Response) time.Duration { return 0 }
 
@@ -205,45 +169,6 @@ func TestRetryAfterBeyondCapGivesUp(t *testing.T) {
 	assert.Equal(t, http.StatusTooManyRequests, rerr.LastStatus)
 	assert.Empty(t, c.Waits())
 	assert.Contains(t, err.Error(), "MaxRetryAfter")
-}
-
-func TestFullJitterBounds(t *testing.T) {
-	const base, ceiling = 100 * time.Millisecond, 2 * time.Second
-	b := idemclient.FullJitter(base, ceiling, rand.NewPCG(42, 7))
-	for attempt := 1; attempt <= 8; attempt++ {
-		upper := min(ceiling, base<<(attempt-1))
-		lo, hi := upper, time.Duration(0)
-		for range 500 {
-			d := b(attempt, nil)
-			require.GreaterOrEqual(t, d, time.Duration(0))
-			require.LessOrEqual(t, d, upper)
-			lo, hi = min(lo, d), max(hi, d)
-		}
-		// Full jitter uses the whole range, not a band near the top.
-		assert.Less(t, lo, upper/10, "attempt %d", attempt)
-		assert.Greater(t, hi, upper*9/10, "attempt %d", attempt)
-	}
-	// Far past the point where the doubling would overflow, the cap holds.
-	assert.LessOrEqual(t, b(200, nil), ceiling)
-	assert.LessOrEqual(t, b(0, nil), base)
-
-	// The same seed gives the same waits.
-	x := idemclient.FullJitter(base, ceiling, rand.NewPCG(3, 4))
-	y := idemclient.FullJitter(base, ceiling, rand.NewPCG(3, 4))
-	for attempt := 1; attempt <= 20; attempt++ {
-		assert.Equal(t, x(attempt, nil), y(attempt, nil))
-	}
-}
-
-func TestDefaultBackoffBounds(t *testing.T) {
-	for attempt := 1; attempt <= 10; attempt++ {
-		upper := min(idemclient.DefaultMaxDelay, idemclient.DefaultBaseDelay<<(attempt-1))
-		for range 50 {
-			d := idemclient.DefaultBackoff(attempt, nil)
-			assert.GreaterOrEqual(t, d, time.Duration(0))
-			assert.LessOrEqual(t, d, upper)
-		}
-	}
 }
 
 func TestAttemptLimit(t *testing.T) {
@@ -291,14 +216,17 @@ type cancelOnRetry struct {
 }
 
 func (h *cancelOnRetry) Enabled(context.Context, slog.Level) bool { return true }
+
 func (h *cancelOnRetry) Handle(_ context.Context, r slog.Record) error {
 	if r.Message == "idemclient: retrying" && !h.fired.Swap(true) {
 		time.AfterFunc(20*time.Millisecond, h.cancel)
 	}
 	return nil
 }
+
 func (h *cancelOnRetry) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *cancelOnRetry) WithGroup(string) slog.Handler      { return h }
+
+func (h *cancelOnRetry) WithGroup(string) slog.Handler { return h }
 
 func TestContextCancelledDuringWait(t *testing.T) {
 	f := newFlaky(t, status(503))
@@ -374,27 +302,18 @@ func TestConnectionReuse(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := &flaky{steps: []step{{status: 503, body: big}, {status: 502, body: big}}}
-			var conns atomic.Int32
-			srv := httptest.NewUnstartedServer(f)
-			srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-				if s == http.StateNew {
-					conns.Add(1)
-				}
-			}
-			srv.Start()
-			t.Cleanup(srv.Close)
+			f := newFlaky(t, step{status: 503, body: big}, step{status: 502, body: big})
 			base := &http.Transport{}
 			t.Cleanup(base.CloseIdleConnections)
 			c := newFakeClock()
 			tr := newTransport(t, &idemclient.Options{Base: base, DrainBytes: tt.drain, Sleep: c.Sleep, Now: c.Now})
-			resp, err := tr.RoundTrip(post(t, context.Background(), srv.URL, `{}`))
+			resp, err := tr.RoundTrip(post(t, context.Background(), f.srv.URL, `{}`))
 			require.NoError(t, err)
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			assert.Equal(t, http.StatusCreated, resp.StatusCode)
 			assert.Equal(t, 3, idemclient.Attempts(resp))
-			assert.Equal(t, tt.wantConns, conns.Load())
+			assert.Equal(t, tt.wantConns, f.conns.Load())
 		})
 	}
 }
@@ -421,8 +340,7 @@ func TestKeyChoice(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFlaky(t)
 			tr := newTransport(t, &idemclient.Options{Base: noReuse(), Header: tt.header, Methods: tt.methods})
-			req, err := http.NewRequest(tt.method, f.srv.URL, nil)
-			require.NoError(t, err)
+			req := request(t, context.Background(), tt.method, f.srv.URL, "")
 			if tt.callerKey != "" {
 				req.Header.Set(contract.HeaderKey, tt.callerKey)
 			}
@@ -469,16 +387,6 @@ func TestCustomKeyGenerator(t *testing.T) {
 	assert.Len(t, f.requests(), 2, "nothing sent without a key")
 }
 
-func TestDefaultKeysAreRandomUUIDs(t *testing.T) {
-	a, err := idemclient.NewKey()
-	require.NoError(t, err)
-	b, err := idemclient.NewKey()
-	require.NoError(t, err)
-	assert.NotEqual(t, a, b)
-	assert.Len(t, a, 36)
-	assert.Equal(t, byte('4'), a[14], "version 4")
-}
-
 // TestUnkeyedRequests: without a key, only idempotent methods are retried.
 func TestUnkeyedRequests(t *testing.T) {
 	tests := []struct {
@@ -496,8 +404,7 @@ func TestUnkeyedRequests(t *testing.T) {
 			f := newFlaky(t, status(503))
 			c := newFakeClock()
 			tr := newTransport(t, &idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})
-			req, err := http.NewRequest(tt.method, f.srv.URL, strings.NewReader("x"))
-			require.NoError(t, err)
+			req := request(t, context.Background(), tt.method, f.srv.URL, "x")
 			resp, err := tr.RoundTrip(req)
 			require.NoError(t, err)
 			resp.Body.Close()
@@ -509,9 +416,9 @@ func TestUnkeyedRequests(t *testing.T) {
 }
 
 func TestTransportErrorIsTheCause(t *testing.T) {
-	srv := httptest.NewServer(http.NotFoundHandler())
-	url := srv.URL
-	srv.Close() // nothing listens any more: every attempt is refused
+	f := newFlaky(t)
+	url := f.srv.URL
+	f.srv.Close() // nothing listens any more: every attempt is refused
 	c := newFakeClock()
 	tr := newTransport(t, &idemclient.Options{Base: noReuse(), MaxAttempts: 3, Sleep: c.Sleep, Now: c.Now})
 	_, err := tr.RoundTrip(post(t, context.Background(), url, `{}`))
@@ -576,20 +483,12 @@ func TestRefreshError(t *testing.T) {
 	assert.Len(t, f.requests(), 1)
 }
 
-func TestReplayedAndProblemCode(t *testing.T) {
-	resp := &http.Response{Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{"code":"outcome_pending","title":"x"}`))}
+func TestReplayed(t *testing.T) {
+	resp := &http.Response{Header: http.Header{}}
 	assert.False(t, idemclient.Replayed(resp))
 	resp.Header.Set(contract.HeaderReplayed, "true")
 	assert.True(t, idemclient.Replayed(resp))
 	assert.False(t, idemclient.Replayed(nil))
-
-	assert.Equal(t, "", idemclient.ProblemCode(resp), "not problem+json")
-	resp.Header.Set("Content-Type", "application/problem+json; charset=utf-8")
-	assert.Equal(t, contract.CodeOutcomePending, idemclient.ProblemCode(resp))
-	assert.Equal(t, contract.CodeOutcomePending, idemclient.ProblemCode(resp), "reading twice works")
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	assert.Equal(t, `{"code":"outcome_pending","title":"x"}`, string(body), "the body is put back")
 }
 
 func TestOptionsValidation(t *testing.T) {
@@ -626,7 +525,8 @@ func TestKeyStoreFailureSendsNothing(t *testing.T) {
 type failingStore struct{ err error }
 
 func (s failingStore) Save(context.Context, string, string) (string, error) { return "", s.err }
-func (s failingStore) Done(context.Context, string, int) error              { return s.err }
+
+func (s failingStore) Done(context.Context, string, int) error { return s.err }
 
 func TestCallerKeyDisagreesWithStore(t *testing.T) {
 	f := newFlaky(t)
@@ -642,13 +542,15 @@ func TestCallerKeyDisagreesWithStore(t *testing.T) {
 	assert.Empty(t, f.requests())
 }
 
-func TestClientHelper(t *testing.T) {
+// TestInsideHTTPClient: the Transport's one intended shape is inside an
+// http.Client, with the operation named on the request's context.
+func TestInsideHTTPClient(t *testing.T) {
 	f := newFlaky(t, status(502))
 	c := newFakeClock()
 	store := &idemclient.MemoryKeyStore{}
-	client, err := idemclient.NewClient(&idemclient.Options{Base: noReuse(), KeyStore: store, Sleep: c.Sleep, Now: c.Now})
-	require.NoError(t, err)
-	resp, err := client.Post(context.Background(), "order-7", f.srv.URL, "application/json", []byte(`{"n":7}`))
+	client := &http.Client{Transport: newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store, Sleep: c.Sleep, Now: c.Now})}
+	ctx := idemclient.WithOperation(context.Background(), "order-7")
+	resp, err := client.Do(post(t, ctx, f.srv.URL, `{"n":7}`))
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
@@ -660,9 +562,8 @@ func TestClientHelper(t *testing.T) {
 
 	// Through http.Client the typed error is still reachable.
 	f2 := newFlaky(t, status(503), status(503))
-	client, err = idemclient.NewClient(&idemclient.Options{Base: noReuse(), MaxAttempts: 2, Sleep: c.Sleep, Now: c.Now})
-	require.NoError(t, err)
-	_, err = client.Post(context.Background(), "", f2.srv.URL, "", nil)
+	client = &http.Client{Transport: newTransport(t, &idemclient.Options{Base: noReuse(), MaxAttempts: 2, Sleep: c.Sleep, Now: c.Now})}
+	_, err = client.Do(post(t, context.Background(), f2.srv.URL, ""))
 	var rerr *idemclient.RetryError
 	require.ErrorAs(t, err, &rerr)
 	assert.Equal(t, 2, rerr.Attempts)

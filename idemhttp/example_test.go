@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,8 +13,6 @@ import (
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
 )
-
-func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func Example() {
 	db, err := idem.Open("idem-data", &idem.Options{FS: vfs.NewMem()}) // a real service: a directory, nil options

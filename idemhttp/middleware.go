@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -65,12 +66,14 @@ type Options struct {
 
 	// Canonical says how request bodies are canonicalized before they are
 	// fingerprinted: the number profile and the volatile JSON members
-	// (client timestamps, trace IDs) to leave out. Default: the exact
+	// (client timestamps, trace IDs) to leave out. Its MaxBytes must stay
+	// zero: MaxRequestBytes is the body's one limit. Default: the exact
 	// profile, nothing volatile.
 	Canonical contract.CanonicalOptions
 
-	// MaxRequestBytes bounds the request body; a longer one gets 413
-	// payload_too_large. Default: 1 MiB.
+	// MaxRequestBytes bounds the request body, both what is read and what
+	// is fingerprinted; a longer one gets 413 payload_too_large.
+	// Default: 1 MiB.
 	MaxRequestBytes int64
 
 	// Wait is how long a retry that finds its key in progress waits for
@@ -118,10 +121,11 @@ const (
 
 // middleware is the validated configuration behind the handler.
 type middleware struct {
-	opts     Options
-	headers  []string
-	methods  map[string]bool
-	alphabet [256]bool
+	opts      Options
+	canonical contract.CanonicalOptions // opts.Canonical bounded by MaxRequestBytes
+	headers   []string
+	methods   map[string]bool
+	alphabet  [256]bool
 }
 
 // New validates o and returns the middleware. Wrap each route's handler
@@ -198,13 +202,25 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.MaxRequestBytes < 0 {
 		bad("Options.MaxRequestBytes %d must not be negative", o.MaxRequestBytes)
 	}
+	// Two limits on one body would leave the user to guess which one a
+	// 413 came from, and a lower canonicalizer limit would answer 400
+	// for a body that MaxRequestBytes admits.
+	if o.Canonical.MaxBytes != 0 {
+		bad("Options.Canonical.MaxBytes must be zero: set Options.MaxRequestBytes to bound the request body")
+	}
+	m.canonical = o.Canonical
+	if o.MaxRequestBytes > 0 {
+		// The canonicalizer has a default limit of its own, which must not
+		// refuse a body that MaxRequestBytes lets in.
+		m.canonical.MaxBytes = int(min(o.MaxRequestBytes, math.MaxInt))
+	}
 	if o.Wait < 0 {
 		bad("Options.Wait %s must not be negative", o.Wait)
 	}
 	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
 		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
 	}
-	if _, err := contract.Canonicalize([]byte("{}"), o.Canonical); err != nil {
+	if _, err := contract.Canonicalize([]byte("{}"), m.canonical); err != nil {
 		errs = append(errs, fmt.Errorf("idemhttp: Options.Canonical: %w", err))
 	}
 	if len(errs) > 0 {
@@ -229,21 +245,23 @@ type ctxKey struct{}
 // outcome is how the handler told the middleware to treat its response.
 type outcome struct{ release, unknown bool }
 
-// Release tells the middleware that the handler's request committed
-// nothing (it failed validation, say), so the key is freed and a retry
-// runs the handler again; the response still goes to the client but is
-// not stored. Calls outside the middleware do nothing.
+// Release is the handler's Lease.Release: it tells the middleware that
+// the request committed nothing (it failed validation, say), so the key
+// is freed and a retry runs the handler again. The response still goes to
+// the client but is not stored. Calls outside the middleware do nothing.
 func Release(r *http.Request) {
 	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
 		o.release = true
 	}
 }
 
-// Unknown tells the middleware that the operation may or may not have
-// taken effect (a downstream call timed out after the request left), so
-// the record becomes unknown: retries get 409 outcome_pending until a
-// reconciler or an operator resolves it. It wins over Release.
-func Unknown(r *http.Request) {
+// MarkUnknown is the handler's Lease.MarkUnknown: it tells the middleware
+// that the operation may or may not have taken effect (a downstream call
+// timed out after the request left), so the record becomes unknown and
+// retries get 409 outcome_pending until a reconciler or an operator
+// resolves it. It wins over Release. Calls outside the middleware do
+// nothing.
+func MarkUnknown(r *http.Request) {
 	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
 		o.unknown = true
 	}
@@ -314,10 +332,8 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	if r.URL.RawQuery != "" {
 		path += "?" + r.URL.RawQuery
 	}
-	co := m.opts.Canonical
-	co.MaxBytes = int(max(m.opts.MaxRequestBytes, 1))
 	fp, err := contract.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
-		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ","), Body: body}.Fingerprint(co)
+		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ","), Body: body}.Fingerprint(m.canonical)
 	if err != nil {
 		p := Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid, Detail: err.Error()}
 		var be *contract.BodyError

@@ -299,7 +299,7 @@ func hideKeyFromTransport(h http.Header) {
 
 // upstreamError answers a request the upstream did not answer. ReverseProxy
 // passes the outgoing request, whose context still carries the
-// middleware's outcome, so Release and Unknown reach it.
+// middleware's outcome, so Release and MarkUnknown reach it.
 func upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	var de *dialError
 	status, code, detail := http.StatusBadGateway, "upstream_unavailable", "the upstream could not be reached; nothing was sent, so a retry with the same key runs the request"
@@ -307,10 +307,10 @@ func upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &de):
 		idemhttp.Release(r)
 	case errors.Is(err, context.DeadlineExceeded):
-		idemhttp.Unknown(r)
+		idemhttp.MarkUnknown(r)
 		status, code, detail = http.StatusGatewayTimeout, "upstream_timeout", "the upstream did not answer in time; it may have acted, so the outcome is recorded unknown"
 	default:
-		idemhttp.Unknown(r)
+		idemhttp.MarkUnknown(r)
 		code, detail = "upstream_failed", "the upstream failed after the request was sent; it may have acted, so the outcome is recorded unknown"
 	}
 	// The cause goes to the log, not to the client: it names the

@@ -1,0 +1,327 @@
+package idemhttp_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem/idemhttp"
+	"github.com/idemkv/idem/internal/idemtest"
+)
+
+// TestReplayKeepsTheRetrysOwnHeaders: headers that layers around the
+// middleware set for one request (its ID, the CORS answer for its origin,
+// a session cookie) are not the stored response; a retry carries its own.
+// What the handler set is replayed: a field it changed from the outer
+// layer's value replaces the retry's, values it added go beside them.
+func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
+	var n atomic.Int64
+	e := setup(t, idemhttp.Options{}, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n.Add(1)))
+			w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
+			w.Header().Set("Cache-Control", "no-cache")
+			w.Header().Add("Set-Cookie", fmt.Sprintf("sid=s%d", n.Load()))
+			w.Header().Set(http.TrailerPrefix+"X-Trace", fmt.Sprintf("t%d", n.Load()))
+			next.ServeHTTP(w, r)
+		})
+	})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "private")
+		w.Header().Add("Set-Cookie", "receipt=pay_1")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"pay_1"}`)
+	}
+	post := func(origin string) *http.Response {
+		resp, _ := e.callWith(http.Header{"Origin": {origin}}, "POST", "/v1/payments", "acme", pay, "rid")
+		return resp
+	}
+	first := post("https://a.example")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	assert.Equal(t, "req-1", first.Header.Get("X-Request-Id"))
+
+	again := post("https://b.example")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "req-2", again.Header.Get("X-Request-Id"))
+	assert.Equal(t, "https://b.example", again.Header.Get("Access-Control-Allow-Origin"))
+	assert.Equal(t, "private", again.Header.Get("Cache-Control"), "the handler's own value")
+	assert.Equal(t, []string{"sid=s2", "receipt=pay_1"}, again.Header.Values("Set-Cookie"), "the retry's session, the handler's cookie")
+	assert.Equal(t, "t2", again.Trailer.Get("X-Trace"), "the retry's own trailer")
+	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}
+
+func TestKeyEchoedOnceEvenIfTheHandlerAddsIt(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Add("Idempotency-Key", r.Header.Get("Idempotency-Key"))
+		w.WriteHeader(http.StatusCreated)
+	}
+	first, _ := e.call("POST", "/v1/payments", "acme", pay, "echo")
+	again, _ := e.call("POST", "/v1/payments", "acme", pay, "echo")
+	assert.Equal(t, []string{"echo"}, first.Header.Values("Idempotency-Key"))
+	assert.Equal(t, []string{"echo"}, again.Header.Values("Idempotency-Key"))
+}
+
+// TestTrailersAreSentAndReplayed: trailers, declared before the status or
+// named with http.TrailerPrefix, are set after the body; they reach the
+// first client and are part of what a retry gets back.
+func TestTrailersAreSentAndReplayed(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "paid")
+		w.Header().Set("X-Checksum", "abc123")
+		w.Header().Set(http.TrailerPrefix+"X-Late", "zz")
+	}
+	for i, want := range []string{"", "true"} {
+		resp, body := e.call("POST", "/v1/payments", "acme", pay, "tr")
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, want, resp.Header.Get("Idempotent-Replayed"), "call %d", i)
+		assert.Equal(t, "paid", body)
+		assert.Equal(t, "abc123", resp.Trailer.Get("X-Checksum"), "call %d", i)
+		assert.Equal(t, "zz", resp.Trailer.Get("X-Late"), "call %d", i)
+		assert.Empty(t, resp.Header.Get("X-Checksum"), "a trailer is not a header")
+	}
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}
+
+// TestReplayFramesTrailersAsTheFirstAnswer: the first answer and its
+// replay carry the same trailers and the same framing, whether the
+// trailers were set before the first flush, named only with the prefix on
+// a short body (which net/http would otherwise send with a length and no
+// trailers), or come with a declared length (then there are none).
+func TestReplayFramesTrailersAsTheFirstAnswer(t *testing.T) {
+	for name, h := range map[string]http.HandlerFunc{
+		"set before the first flush": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Trailer", "X-Checksum")
+			w.WriteHeader(http.StatusCreated)
+			w.Header().Set("X-Checksum", "abc123")
+			w.Header().Set(http.TrailerPrefix+"X-Early", "ee")
+			io.WriteString(w, "pa")
+			http.NewResponseController(w).Flush()
+			io.WriteString(w, "id")
+		},
+		"undeclared, short body": func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "paid")
+			w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
+		},
+		"declared length": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "4")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "paid")
+			w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
+		},
+		"declared length, trailer set before the status": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "4")
+			w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "paid")
+		},
+		"declared, never set": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Trailer", "X-Error")
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "paid")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := setup(t, idemhttp.Options{})
+			e.app.handler = h
+			first, body := e.call("POST", "/v1/payments", "acme", pay, "tf")
+			require.Equal(t, http.StatusCreated, first.StatusCode)
+			assert.Equal(t, "paid", body)
+			again, body := e.call("POST", "/v1/payments", "acme", pay, "tf")
+			require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+			assert.Equal(t, "paid", body)
+			assert.Equal(t, first.Trailer, again.Trailer)
+			assert.Equal(t, first.ContentLength, again.ContentLength)
+			if !strings.HasPrefix(name, "declared length") {
+				assert.NotEmpty(t, first.Trailer, "the handler's trailers reach the client")
+			}
+		})
+	}
+}
+
+// TestHTTP2ReplaysTrailersBesideALength: HTTP/2 sends trailers whatever
+// the length, so its replay does too.
+func TestHTTP2ReplaysTrailersBesideALength(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.useHTTP2()
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "4")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "paid")
+		w.Header().Set(http.TrailerPrefix+"X-Sum", "zz")
+	}
+	first, body := e.call("POST", "/v1/payments", "acme", pay, "h2")
+	require.Equal(t, 2, first.ProtoMajor)
+	assert.Equal(t, "paid", body)
+	again, body := e.call("POST", "/v1/payments", "acme", pay, "h2")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "paid", body)
+	assert.Equal(t, "zz", first.Trailer.Get("X-Sum"))
+	assert.Equal(t, first.Trailer, again.Trailer)
+}
+
+// TestWritesPastTheDeclaredLengthAreRefused: net/http refuses a write
+// that would pass the Content-Length the handler declared, so the first
+// client never gets it; neither does a retry.
+func TestWritesPastTheDeclaredLengthAreRefused(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "4")
+		w.WriteHeader(http.StatusCreated)
+		_, err := io.WriteString(w, "paid")
+		assert.NoError(t, err)
+		_, err = io.WriteString(w, "!")
+		assert.ErrorIs(t, err, http.ErrContentLength)
+	}
+	for range 2 {
+		resp, body := e.call("POST", "/v1/payments", "acme", pay, "cl")
+		require.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, "paid", body)
+	}
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}
+
+// TestReplayKeepsADeclaredLength: a length the handler declared frames
+// the replay as it framed the first answer, also past net/http's buffer,
+// where an undeclared one would be chunked. A body too large to store is
+// replayed without it, since the body is not sent.
+func TestReplayKeepsADeclaredLength(t *testing.T) {
+	db, _ := idemtest.Open(t, &idem.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
+	e := setup(t, idemhttp.Options{Store: db})
+	size := 4 << 10
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, strings.Repeat("x", size))
+	}
+	first, body := e.call("POST", "/v1/payments", "acme", pay, "cl")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	assert.Len(t, body, size)
+	again, body := e.call("POST", "/v1/payments", "acme", pay, "cl")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Len(t, body, size)
+	assert.Equal(t, int64(size), first.ContentLength)
+	assert.Equal(t, first.ContentLength, again.ContentLength)
+
+	size++ // over MaxBodyBytes: stored without its body
+	first, _ = e.call("POST", "/v1/payments", "acme", pay, "omitted")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	again, body = e.call("POST", "/v1/payments", "acme", pay, "omitted")
+	require.Equal(t, "true", again.Header.Get("Idempotent-Body-Omitted"))
+	assert.Empty(t, body)
+	assert.Zero(t, again.ContentLength)
+}
+
+// TestHijackedAnswerIsNotReplayed: a handler that takes the connection
+// answers where the recorder cannot see, so there is no response to store.
+// The record becomes unknown and a retry gets 409 outcome_pending, never a
+// made-up empty 200 marked as a replay.
+func TestHijackedAnswerIsNotReplayed(t *testing.T) {
+	seen := make(chan idemhttp.Observation, 2)
+	e := setup(t, idemhttp.Options{Observe: func(o idemhttp.Observation) { seen <- o }})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if !assert.NoError(t, err) {
+			return
+		}
+		defer conn.Close()
+		rw.WriteString("HTTP/1.1 202 Accepted\r\nContent-Length: 7\r\nConnection: close\r\n\r\nqueued!")
+		rw.Flush()
+	}
+	resp, body := e.call("POST", "/v1/payments", "acme", pay, "h")
+	require.Equal(t, http.StatusAccepted, resp.StatusCode)
+	assert.Equal(t, "queued!", body)
+	// The client has its answer before the middleware stores the outcome.
+	o := <-seen
+	assert.Equal(t, idemhttp.OutcomeHijacked, o.Outcome)
+	assert.Zero(t, o.Status)
+
+	resp, body = e.call("POST", "/v1/payments", "acme", pay, "h")
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	assert.Equal(t, contract.CodeOutcomePending, problem(t, resp, body).Code)
+	assert.Empty(t, resp.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}
+
+func TestStreamedResponseIsFlushedAndStored(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	next := make(chan struct{})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "part one\n")
+		require.NoError(t, http.NewResponseController(w).Flush())
+		<-next
+		io.WriteString(w, "part two\n")
+	}
+	resp, err := e.srv.Client().Do(e.request(nil, "POST", "/v1/payments", "acme", pay, "s"))
+	require.NoError(t, err)
+	rd := bufio.NewReader(resp.Body)
+	line, err := rd.ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "part one\n", line, "the first part arrives before the handler finishes")
+	close(next)
+	rest, err := io.ReadAll(rd)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "part two\n", string(rest))
+	require.NoError(t, e.db.Wait(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "s"}))
+	_, body := e.call("POST", "/v1/payments", "acme", pay, "s")
+	assert.Equal(t, "part one\npart two\n", body)
+}
+
+// TestStreamKeepsItsEndUntilStored lets a flushing handler stream, but the
+// client gets the last byte only once the outcome is stored; if storing
+// fails the connection breaks instead, so no client ever holds a complete
+// answer that a retry cannot replay.
+func TestStreamKeepsItsEndUntilStored(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		t.Run(fmt.Sprintf("store fails=%v", fail), func(t *testing.T) {
+			e := setup(t, idemhttp.Options{})
+			proceed := make(chan struct{})
+			e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", "4")
+				io.WriteString(w, "paid")
+				http.NewResponseController(w).Flush()
+				<-proceed
+				if fail {
+					assert.NoError(t, e.db.Close())
+				}
+			}
+			resp, err := e.srv.Client().Do(e.request(nil, "POST", "/v1/payments", "acme", pay, "stream-1"))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			head := make([]byte, 3)
+			_, err = io.ReadFull(resp.Body, head)
+			require.NoError(t, err, "the stream flows while the handler runs")
+			assert.Equal(t, "pai", string(head))
+			close(proceed)
+			rest, err := io.ReadAll(resp.Body)
+			if fail {
+				assert.Error(t, err, "a stream whose outcome was not stored must not end cleanly")
+				assert.Empty(t, rest)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, "d", string(rest))
+			again, body := e.call("POST", "/v1/payments", "acme", pay, "stream-1")
+			assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+			assert.Equal(t, "paid", body)
+		})
+	}
+}
