@@ -24,13 +24,13 @@ const healthTimeout = 2 * time.Second
 // health check, over a registry of their own so that nothing else in the
 // process can add to or collide with it.
 type admin struct {
-	db       *idem.DB
+	db       idem.Operator
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	observer *idemprom.Observer // for idemhttp.Options.Observe
 }
 
-func newAdmin(db *idem.DB, log *slog.Logger) (*admin, error) {
+func newAdmin(db idem.Operator, log *slog.Logger) (*admin, error) {
 	col, err := idemprom.NewCollector(db)
 	if err != nil {
 		return nil, err

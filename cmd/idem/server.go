@@ -41,7 +41,7 @@ const adminDrain = time.Second
 // the failures a person can act on into messages and exit statuses: bad
 // options are usage errors (2), a directory held by another process is a
 // plain failure (1) that says so.
-func openStore(name, dir string, opts *idem.Options, stderr io.Writer) (*idem.DB, int) {
+func openStore(name, dir string, opts *idem.Options, stderr io.Writer) (idem.Operator, int) {
 	db, err := idem.Open(dir, opts)
 	switch {
 	case err == nil:
@@ -74,7 +74,7 @@ func newLogger(stderr io.Writer) *slog.Logger {
 // When adminH is not nil it is served on adminAddr too, a listener of its
 // own, and stopped after the main server has drained: a scrape during the
 // drain still sees the requests finishing.
-func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Handler, adminAddr string, adminH http.Handler, db *idem.DB, stdout, stderr io.Writer) int {
+func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Handler, adminAddr string, adminH http.Handler, db idem.Store, stdout, stderr io.Writer) int {
 	defer func() {
 		if err := db.Close(); err != nil {
 			fmt.Fprintf(stderr, "idem %s: closing the store: %v\n", name, err)

@@ -21,7 +21,7 @@ import (
 // directory to itself: Pebble keeps one process per store, and reading
 // files that a running process compacts away is not safe. It returns the
 // exit status on failure: 1 for a missing or busy store, 2 for bad usage.
-func openExisting(name, dir string, events bool, stderr io.Writer) (*idem.DB, int) {
+func openExisting(name, dir string, events bool, stderr io.Writer) (idem.Operator, int) {
 	if dir == "" {
 		fmt.Fprintf(stderr, "idem %s: --data is required\n", name)
 		return nil, 2
@@ -49,7 +49,7 @@ func openExisting(name, dir string, events bool, stderr io.Writer) (*idem.DB, in
 
 // closeStore closes db and turns a failure into exit status 1, keeping
 // code otherwise.
-func closeStore(name string, db *idem.DB, code int, stderr io.Writer) int {
+func closeStore(name string, db idem.Store, code int, stderr io.Writer) int {
 	if err := db.Close(); err != nil {
 		fmt.Fprintf(stderr, "idem %s: closing the store: %v\n", name, err)
 		return 1
