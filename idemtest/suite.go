@@ -540,20 +540,30 @@ func (su *suite) testLease(t *testing.T) {
 // in its own order.
 func (su *suite) testConcurrentClaims(t *testing.T) {
 	t.Run("one winner per key", func(t *testing.T) {
+		// Winners of even keys hold them until every worker has claimed
+		// every key, so that each such key meets all its rivals while held;
+		// winners of odd keys complete at once, so that claims meet
+		// completions in every order.
 		const workers, keys = 64, 8
 		e := su.env(t)
 		var (
 			mu      sync.Mutex
 			winners = map[string][]int{}
 			replays = map[string][]string{}
-			wg      sync.WaitGroup
 			start   = make(chan struct{})
+			claimed sync.WaitGroup // every worker has claimed every key
+			done    sync.WaitGroup
 		)
+		answer := func(w int) contract.Response {
+			return contract.Response{Status: 200, Body: fmt.Appendf(nil, "winner %d", w)}
+		}
+		claimed.Add(workers)
+		done.Add(workers)
 		for w := range workers {
-			wg.Add(1)
 			go func() {
-				defer wg.Done()
+				defer done.Done()
 				<-start
+				var held []contract.Lease
 				rng := rand.New(rand.NewPCG(uint64(w), 1))
 				for _, i := range rng.Perm(keys) {
 					key := fmt.Sprint("key-", i)
@@ -563,7 +573,11 @@ func (su *suite) testConcurrentClaims(t *testing.T) {
 						mu.Lock()
 						winners[key] = append(winners[key], w)
 						mu.Unlock()
-						assert.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200, Body: fmt.Appendf(nil, "winner %d", w)}), "winner %d of %s completes", w, key)
+						if i%2 == 0 {
+							held = append(held, l)
+						} else {
+							assert.NoError(t, l.Complete(t.Context(), answer(w)), "winner %d of %s completes", w, key)
+						}
 					case err == nil && rec != nil:
 						mu.Lock()
 						replays[key] = append(replays[key], string(rec.Response.Body))
@@ -572,10 +586,15 @@ func (su *suite) testConcurrentClaims(t *testing.T) {
 						t.Errorf("claim %s: %v, want a lease, a replay or ErrInProgress", key, err)
 					}
 				}
+				claimed.Done()
+				claimed.Wait()
+				for _, l := range held {
+					assert.NoError(t, l.Complete(t.Context(), answer(w)), "winner %d of %s completes", w, l.Scope().Key)
+				}
 			}()
 		}
 		close(start)
-		wg.Wait()
+		done.Wait()
 		require.Len(t, winners, keys, "every key is won")
 		for key, ws := range winners {
 			if !assert.Len(t, ws, 1, "key %s won by %v", key, ws) {
@@ -585,7 +604,7 @@ func (su *suite) testConcurrentClaims(t *testing.T) {
 			for _, body := range replays[key] {
 				assert.Equal(t, want, body, "replay of %s", key)
 			}
-			assert.Equal(t, want, string(e.get(scope(key)).Response.Body), "stored answer of %s", key)
+			assert.Equal(t, want, string(e.replay(scope(key), fingerprint("same")).Response.Body), "stored answer of %s", key)
 		}
 	})
 }
