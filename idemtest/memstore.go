@@ -350,7 +350,7 @@ func (m *MemStore) Overdue(ctx context.Context, limit int) ([]*contract.Record, 
 	now := m.now()
 	var out []*contract.Record
 	for _, r := range m.recs {
-		if m.liveLocked(r.rec.Scope, now) != nil && r.rec.State == contract.StateInProgress && !now.Before(r.rec.LeaseUntil) {
+		if now.Before(r.rec.ExpiresAt) && r.rec.State == contract.StateInProgress && !now.Before(r.rec.LeaseUntil) {
 			rec := cloneRecord(r.rec)
 			out = append(out, &rec)
 		}

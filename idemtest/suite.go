@@ -44,6 +44,7 @@ import (
 // and bounds every wait for a wake-up by a generous timeout that only a
 // broken store reaches.
 func TestStore(t *testing.T, open func(t *testing.T, now func() time.Time) contract.Store) {
+	// One store, opened up front, tells whether the backend is an Operator.
 	_, isOp := open(t, NewClock().Now).(contract.Operator)
 	su := &suite{open: open, operator: isOp}
 	t.Run("claim", su.testClaim)
