@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	fake "github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/idemtest"
 )
 
@@ -61,13 +62,13 @@ func TestClaimTransitions(t *testing.T) {
 	s, f := scope("k1"), fp("a")
 	tests := []struct {
 		name  string
-		setup func(t *testing.T, db *idem.DB, c *idemtest.Clock)
+		setup func(t *testing.T, db *idem.DB, c *fake.Clock)
 		fp    idem.Fingerprint
 		check func(t *testing.T, l idem.Lease, rec *idem.Record, err error)
 	}{
 		{
 			name:  "fresh key is won",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {},
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {},
 			fp:    f,
 			check: func(t *testing.T, l idem.Lease, rec *idem.Record, err error) {
 				require.NoError(t, err)
@@ -80,7 +81,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "completed, same fingerprint replays",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				require.NoError(t, claim(t, db, s, f).Complete(ctx, paid))
 			},
 			fp: f,
@@ -96,7 +97,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "completed, other fingerprint is refused for good",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				require.NoError(t, claim(t, db, s, f).Complete(ctx, paid))
 			},
 			fp: fp("b"),
@@ -107,7 +108,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "in progress, same fingerprint: retry later",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				claim(t, db, s, f)
 				c.Advance(lease - 300*time.Millisecond)
 			},
@@ -119,7 +120,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name:  "in progress, retry hint is capped at a second",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) { claim(t, db, s, f) },
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) { claim(t, db, s, f) },
 			fp:    f,
 			check: func(t *testing.T, l idem.Lease, rec *idem.Record, err error) {
 				ke := keyErr(t, err, idem.ErrInProgress, idem.StateInProgress)
@@ -128,7 +129,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name:  "in progress, other fingerprint",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) { claim(t, db, s, f) },
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) { claim(t, db, s, f) },
 			fp:    fp("b"),
 			check: func(t *testing.T, l idem.Lease, rec *idem.Record, err error) {
 				keyErr(t, err, idem.ErrFingerprintMismatch, idem.StateInProgress)
@@ -136,7 +137,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "in progress past its lease is not re-run",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				claim(t, db, s, f)
 				c.Advance(lease)
 			},
@@ -147,7 +148,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "extended lease is still in progress",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				l := claim(t, db, s, f)
 				c.Advance(lease - time.Second)
 				require.NoError(t, l.Extend(ctx))
@@ -160,7 +161,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "unknown waits for resolution",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				require.NoError(t, claim(t, db, s, f).MarkUnknown(ctx))
 			},
 			fp: f,
@@ -170,7 +171,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "failed waits for resolution",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				require.NoError(t, claim(t, db, s, f).MarkFailed(ctx))
 			},
 			fp: f,
@@ -180,7 +181,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "released key runs again, even with another payload",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				require.NoError(t, claim(t, db, s, f).Release(ctx))
 			},
 			fp: fp("b"),
@@ -192,7 +193,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "expired completed record counts as absent",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				require.NoError(t, claim(t, db, s, f).Complete(ctx, paid))
 				c.Advance(24 * time.Hour)
 			},
@@ -204,7 +205,7 @@ func TestClaimTransitions(t *testing.T) {
 		},
 		{
 			name: "expired unknown record counts as absent",
-			setup: func(t *testing.T, db *idem.DB, c *idemtest.Clock) {
+			setup: func(t *testing.T, db *idem.DB, c *fake.Clock) {
 				require.NoError(t, claim(t, db, s, f).MarkUnknown(ctx))
 				c.Advance(24 * time.Hour)
 			},

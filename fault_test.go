@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/idemtest"
 )
 
 // faults injects errorfs.ErrInjected into the operations match selects,

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	fake "github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/idemtest"
 )
 
@@ -58,7 +59,7 @@ func TestRecordsFilters(t *testing.T) {
 		{"tenant and endpoint", idem.Filter{Tenant: "a", Endpoint: "e1"}, []string{"old", "running"}},
 		{"endpoint alone", idem.Filter{Endpoint: "e1"}, []string{"no-tenant", "old", "running", "other-tenant"}},
 		{"state", idem.Filter{State: idem.StateUnknown}, []string{"u"}},
-		{"created before", idem.Filter{CreatedBefore: idemtest.NewClock().Now().Add(2 * time.Minute)}, []string{"old", "u"}},
+		{"created before", idem.Filter{CreatedBefore: fake.NewClock().Now().Add(2 * time.Minute)}, []string{"old", "u"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -248,7 +249,7 @@ func TestMustExist(t *testing.T) {
 // TestCompactReclaimsNow checks that Compact sweeps everything expired,
 // reports its progress in order, and leaves a smaller store on disk.
 func TestCompactReclaimsNow(t *testing.T) {
-	clock := idemtest.NewClock()
+	clock := fake.NewClock()
 	dir := filepath.Join(t.TempDir(), "db")
 	opts := &idem.Options{Now: clock.Now, SweepInterval: -1, CompactBytes: 1 << 40, TTL: time.Hour, Lease: time.Minute}
 	db, err := idem.Open(dir, opts)

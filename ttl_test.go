@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	fake "github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/idemtest"
 )
 
@@ -86,7 +87,7 @@ func TestExpiredRecordsReadAsAbsentBeforeSweep(t *testing.T) {
 // TestSweepReclaimsDiskSpace runs on a real directory: once records expire,
 // a sweep with its compaction must give the space back to the filesystem.
 func TestSweepReclaimsDiskSpace(t *testing.T) {
-	clock := idemtest.NewClock()
+	clock := fake.NewClock()
 	db, err := idem.Open(t.TempDir(), &idem.Options{Now: clock.Now, SweepInterval: -1, CompactBytes: 1 << 20})
 	require.NoError(t, err)
 	defer db.Close()
@@ -196,7 +197,7 @@ func TestReconcile(t *testing.T) {
 // TestBackgroundLoop checks that the loop sweeps and reconciles on its own,
 // and that Close stops it and waits for it.
 func TestBackgroundLoop(t *testing.T) {
-	clock := idemtest.NewClock()
+	clock := fake.NewClock()
 	fs := vfs.NewMem()
 	calls := make(chan idem.Lease)
 	var closed atomic.Bool

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/idemtest"
 )
 
 // FuzzOps runs a program of store operations, each chosen by the fuzzer's

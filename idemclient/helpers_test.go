@@ -17,26 +17,20 @@ import (
 
 	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemclient"
+	fake "github.com/idemkv/idem/idemtest"
 )
 
-// fakeClock stands in for both Options.Now and Options.Sleep: a sleep
-// returns at once after moving the clock forward, so no test really waits.
+// fakeClock stands in for Options.Sleep beside the Now of the repository's
+// fake clock, which it embeds: a sleep returns at once after moving the
+// clock forward, so no test really waits.
 type fakeClock struct {
+	*fake.Clock
 	mu      sync.Mutex
-	now     time.Time
-	waits   []time.Duration
-	onSleep func(n int) // called with the sleep's number (1 for the first)
+	waits   []time.Duration // guarded by mu, with the clock's moves
+	onSleep func(n int)     // called with the sleep's number (1 for the first)
 }
 
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
+func newFakeClock() *fakeClock { return &fakeClock{Clock: fake.NewClock()} }
 
 func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
@@ -44,7 +38,7 @@ func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
 	}
 	c.mu.Lock()
 	c.waits = append(c.waits, d)
-	c.now = c.now.Add(d)
+	c.Advance(d)
 	n, hook := len(c.waits), c.onSleep
 	c.mu.Unlock()
 	if hook != nil {

@@ -26,7 +26,7 @@ import (
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
-	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/idemtest"
 )
 
 // The fault campaign, beyond the store's own fault tests (read faults on

@@ -1,0 +1,33 @@
+package idem_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem/idemtest"
+)
+
+// TestConformance runs the public conformance suite on the embedded
+// store, in memory and on the real filesystem, whose syncs and locks the
+// in-memory one only imitates.
+func TestConformance(t *testing.T) {
+	for name, fs := range map[string]func(t *testing.T) (vfs.FS, string){
+		"mem":  func(t *testing.T) (vfs.FS, string) { return vfs.NewMem(), "db" },
+		"disk": func(t *testing.T) (vfs.FS, string) { return vfs.Default, t.TempDir() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			idemtest.TestStore(t, func(t *testing.T, now func() time.Time) contract.Store {
+				fs, dir := fs(t)
+				db, err := idem.Open(dir, &idem.Options{FS: fs, Now: now, SweepInterval: -1, Logger: discard()})
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = db.Close() })
+				return db
+			})
+		})
+	}
+}

@@ -1,0 +1,666 @@
+package idemtest
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"iter"
+	"maps"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idemkv/idem/contract"
+)
+
+// MemOptions configure a MemStore. They mirror the options of idem.Open
+// that mean something without a disk. The zero value of each field selects
+// its default; a nil *MemOptions selects every default.
+type MemOptions struct {
+	// Now is the clock; pass a Clock's Now to move time by hand.
+	// Default: time.Now.
+	Now func() time.Time
+
+	// Lease is how long a claim is held before it counts as abandoned.
+	// Default: 30 seconds.
+	Lease time.Duration
+
+	// TTL is how long a record is kept after it is claimed.
+	// Default: 24 hours.
+	TTL time.Duration
+
+	// EndpointTTL overrides TTL for the endpoints it names. Default: none.
+	EndpointTTL map[string]time.Duration
+
+	// MaxBodyBytes is the largest response body kept. A larger one is
+	// dropped: the record keeps its length and digest and says
+	// BodyOmitted. Default: 4 MiB, as idem.Open.
+	MaxBodyBytes int64
+
+	// Reconcile is handed each overdue record, under a fresh lease, by
+	// MemStore.Reconcile; see idem.Options.Reconcile. Default: none.
+	Reconcile func(ctx context.Context, l contract.Lease) error
+}
+
+// MemStore is an in-memory contract.Operator with the semantics of the
+// embedded store (*idem.DB): the same refusals, lease rules, expiry and
+// counters, without Pebble or a filesystem. It is for tests of code built
+// on the contract, such as HTTP handlers, and passes TestStore. Nothing
+// survives the process, and every record is held in memory in full.
+//
+// The zero value is not usable; use NewMemStore. A MemStore is safe for
+// concurrent use. Records it returns are copies the caller owns.
+type MemStore struct {
+	opts MemOptions
+
+	// mu guards everything below, and the record each lease last wrote.
+	mu      sync.Mutex
+	closed  bool
+	recs    map[contract.Scope]*memRecord
+	waiters map[contract.Scope][]chan struct{}
+	tokens  uint64           // the last lease token handed out
+	stats   contract.Metrics // the event counts since NewMemStore
+}
+
+// memRecord is one stored record and the token of the lease that may
+// change it. Every grant of a lease takes a new token, so a holder whose
+// record was taken over, released and claimed again, or replaced after it
+// expired, no longer matches.
+type memRecord struct {
+	rec   contract.Record
+	token uint64
+}
+
+var _ contract.Operator = (*MemStore)(nil)
+
+// NewMemStore returns an empty store. It panics, with an error matching
+// contract.ErrInvalidOptions, when a duration or MaxBodyBytes is
+// negative or an EndpointTTL is not positive.
+func NewMemStore(opts *MemOptions) *MemStore {
+	var o MemOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.EndpointTTL = maps.Clone(o.EndpointTTL)
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{contract.ErrInvalidOptions}, args...)...))
+	}
+	if o.Lease < 0 {
+		bad("Lease %s is negative", o.Lease)
+	}
+	if o.TTL < 0 {
+		bad("TTL %s is negative", o.TTL)
+	}
+	for ep, ttl := range o.EndpointTTL {
+		if ttl <= 0 {
+			bad("EndpointTTL[%q] %s must be positive", ep, ttl)
+		}
+	}
+	if o.MaxBodyBytes < 0 {
+		bad("MaxBodyBytes %d is negative", o.MaxBodyBytes)
+	}
+	if err := errors.Join(errs...); err != nil {
+		panic(err)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Lease == 0 {
+		o.Lease = 30 * time.Second
+	}
+	if o.TTL == 0 {
+		o.TTL = 24 * time.Hour
+	}
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = 4 << 20
+	}
+	return &MemStore{opts: o, recs: map[contract.Scope]*memRecord{}, waiters: map[contract.Scope][]chan struct{}{}}
+}
+
+// now reads the clock without its monotonic reading, so that times stored
+// in records compare equal with ==.
+func (m *MemStore) now() time.Time { return m.opts.Now().Round(0) }
+
+func (m *MemStore) ttlFor(endpoint string) time.Duration {
+	if ttl, ok := m.opts.EndpointTTL[endpoint]; ok {
+		return ttl
+	}
+	return m.opts.TTL
+}
+
+// enterLocked reports ErrClosed once Close has run.
+func (m *MemStore) enterLocked() error {
+	if m.closed {
+		return contract.ErrClosed
+	}
+	return nil
+}
+
+// liveLocked returns the unexpired record of s, or nil.
+func (m *MemStore) liveLocked(s contract.Scope, now time.Time) *memRecord {
+	r := m.recs[s]
+	if r == nil || !now.Before(r.rec.ExpiresAt) {
+		return nil
+	}
+	return r
+}
+
+// Claim tries to take the key in s, as contract.Store.Claim says.
+func (m *MemStore) Claim(ctx context.Context, s contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+	if err := s.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enterLocked(); err != nil {
+		return nil, nil, err
+	}
+	now := m.now()
+	if r := m.liveLocked(s, now); r != nil {
+		rec, err := m.answerLocked(r, fp, now)
+		return nil, rec, err
+	}
+	m.tokens++
+	r := &memRecord{token: m.tokens, rec: contract.Record{
+		Scope:       s,
+		Fingerprint: fp,
+		State:       contract.StateInProgress,
+		CreatedAt:   now,
+		UpdatedAt:   now,
+		ExpiresAt:   now.Add(m.ttlFor(s.Endpoint)),
+		LeaseUntil:  now.Add(m.opts.Lease),
+		Attempts:    1,
+	}}
+	m.recs[s] = r
+	m.stats.Claims++
+	return &memLease{m: m, scope: s, token: r.token, rec: r.rec}, nil, nil
+}
+
+// answerLocked decides what a claim of the live record r gets. The
+// fingerprint is compared first: a key reused for another request is
+// refused for good, whatever state the first request is in.
+func (m *MemStore) answerLocked(r *memRecord, fp contract.Fingerprint, now time.Time) (*contract.Record, error) {
+	refuse := func(err error, retry time.Duration) error {
+		return &contract.KeyError{Err: err, State: r.rec.State, RetryAfter: retry, Tenant: r.rec.Scope.Tenant, Endpoint: r.rec.Scope.Endpoint}
+	}
+	switch {
+	case r.rec.Fingerprint != fp:
+		m.stats.Mismatches++
+		return nil, refuse(contract.ErrFingerprintMismatch, 0)
+	case r.rec.State == contract.StateCompleted:
+		m.stats.Replays++
+		rec := cloneRecord(r.rec)
+		return &rec, nil
+	case r.rec.State == contract.StateInProgress && now.Before(r.rec.LeaseUntil):
+		m.stats.Conflicts++
+		return nil, refuse(contract.ErrInProgress, min(time.Second, r.rec.LeaseUntil.Sub(now)))
+	default:
+		m.stats.Pending++
+		return nil, refuse(contract.ErrOutcomePending, 0)
+	}
+}
+
+// Get returns the live record for s, as contract.Store.Get says.
+func (m *MemStore) Get(ctx context.Context, s contract.Scope) (*contract.Record, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enterLocked(); err != nil {
+		return nil, err
+	}
+	r := m.liveLocked(s, m.now())
+	if r == nil {
+		return nil, contract.ErrNotFound
+	}
+	rec := cloneRecord(r.rec)
+	return &rec, nil
+}
+
+// Wait blocks while s is in progress under a live lease, as
+// contract.Store.Wait says. Every end of a lease, a take-over and Close
+// wake it; a lease that merely runs out does not, since the store keeps
+// no timers.
+func (m *MemStore) Wait(ctx context.Context, s contract.Scope) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if err := m.enterLocked(); err != nil {
+		m.mu.Unlock()
+		return err
+	}
+	now := m.now()
+	r := m.liveLocked(s, now)
+	if r == nil || r.rec.State != contract.StateInProgress || !now.Before(r.rec.LeaseUntil) {
+		m.mu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{})
+	m.waiters[s] = append(m.waiters[s], ch)
+	m.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if i := slices.Index(m.waiters[s], ch); i >= 0 {
+			m.waiters[s] = slices.Delete(m.waiters[s], i, i+1)
+			if len(m.waiters[s]) == 0 {
+				delete(m.waiters, s)
+			}
+		}
+		return ctx.Err()
+	}
+}
+
+// wakeLocked wakes everyone waiting on s.
+func (m *MemStore) wakeLocked(s contract.Scope) {
+	for _, ch := range m.waiters[s] {
+		close(ch)
+	}
+	delete(m.waiters, s)
+}
+
+// Ping fails only once the store is closed.
+func (m *MemStore) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.enterLocked()
+}
+
+// Close wakes every waiter and makes every later call, leases' included,
+// fail with ErrClosed. It always returns nil.
+func (m *MemStore) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.closed {
+		m.closed = true
+		for s := range m.waiters {
+			m.wakeLocked(s)
+		}
+	}
+	return nil
+}
+
+// Records returns the records f selects, as contract.Operator.Records
+// says, ordered by tenant, endpoint and key, with their bodies. It reads
+// a snapshot taken when the loop starts, so the loop may call the store.
+func (m *MemStore) Records(ctx context.Context, f contract.Filter) iter.Seq2[*contract.Record, error] {
+	return func(yield func(*contract.Record, error) bool) {
+		m.mu.Lock()
+		if err := m.enterLocked(); err != nil {
+			m.mu.Unlock()
+			yield(nil, err)
+			return
+		}
+		now := m.now()
+		var recs []*contract.Record
+		for _, r := range m.recs {
+			if f.Match(&r.rec, now) {
+				rec := cloneRecord(r.rec)
+				recs = append(recs, &rec)
+			}
+		}
+		m.mu.Unlock()
+		slices.SortFunc(recs, func(a, b *contract.Record) int { return compareScopes(a.Scope, b.Scope) })
+		for _, rec := range recs {
+			if err := ctx.Err(); err != nil {
+				yield(nil, err)
+				return
+			}
+			if !yield(rec, nil) {
+				return
+			}
+		}
+	}
+}
+
+func compareScopes(a, b contract.Scope) int {
+	return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.Key, b.Key))
+}
+
+// Overdue returns up to limit in-progress records whose lease has run out
+// (limit <= 0: all), oldest lease first.
+func (m *MemStore) Overdue(ctx context.Context, limit int) ([]*contract.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enterLocked(); err != nil {
+		return nil, err
+	}
+	now := m.now()
+	var out []*contract.Record
+	for _, r := range m.recs {
+		if now.Before(r.rec.ExpiresAt) && r.rec.State == contract.StateInProgress && !now.Before(r.rec.LeaseUntil) {
+			rec := cloneRecord(r.rec)
+			out = append(out, &rec)
+		}
+	}
+	slices.SortFunc(out, func(a, b *contract.Record) int {
+		return cmp.Or(a.LeaseUntil.Compare(b.LeaseUntil), compareScopes(a.Scope, b.Scope))
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// errNotOverdue tells Reconcile that a record left the overdue state
+// between its listing and its take-over.
+var errNotOverdue = errors.New("idemtest: record is not overdue")
+
+// TakeOver gives the caller a new lease on a stuck record, as
+// contract.Operator.TakeOver says.
+func (m *MemStore) TakeOver(ctx context.Context, s contract.Scope) (contract.Lease, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	l, err := m.takeOver(s, false)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// takeOver grants a new lease on the record of s: when overdueOnly, only
+// to an in-progress record past its lease (what the reconciler gets);
+// otherwise to any record that is neither completed nor held.
+func (m *MemStore) takeOver(s contract.Scope, overdueOnly bool) (*memLease, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enterLocked(); err != nil {
+		return nil, err
+	}
+	now := m.now()
+	r := m.liveLocked(s, now)
+	if r == nil {
+		return nil, contract.ErrNotFound
+	}
+	held := r.rec.State == contract.StateInProgress && now.Before(r.rec.LeaseUntil)
+	switch {
+	case overdueOnly && (r.rec.State != contract.StateInProgress || held):
+		return nil, errNotOverdue
+	case r.rec.State == contract.StateCompleted:
+		return nil, fmt.Errorf("%w (tenant %q, endpoint %q)", contract.ErrCompleted, s.Tenant, s.Endpoint)
+	case held:
+		return nil, &contract.KeyError{Err: contract.ErrInProgress, State: r.rec.State, RetryAfter: r.rec.LeaseUntil.Sub(now), Tenant: s.Tenant, Endpoint: s.Endpoint}
+	}
+	m.tokens++
+	r.token = m.tokens
+	r.rec.State = contract.StateInProgress
+	r.rec.UpdatedAt = now
+	r.rec.LeaseUntil = now.Add(m.opts.Lease)
+	r.rec.Attempts++
+	m.wakeLocked(s)
+	return &memLease{m: m, scope: s, token: r.token, rec: cloneRecord(r.rec)}, nil
+}
+
+// Reconcile hands every overdue record to MemOptions.Reconcile, each under
+// a fresh lease, as idem's DB.Reconcile does. A reconciler's error leaves
+// its record for the next pass; without a reconciler the records are only
+// counted.
+func (m *MemStore) Reconcile(ctx context.Context) (contract.ReconcileResult, error) {
+	var res contract.ReconcileResult
+	overdue, err := m.Overdue(ctx, 0)
+	if err != nil {
+		return res, err
+	}
+	res.Overdue = len(overdue)
+	if m.opts.Reconcile == nil {
+		return res, nil
+	}
+	for _, rec := range overdue {
+		l, err := m.takeOver(rec.Scope, true)
+		if errors.Is(err, errNotOverdue) || errors.Is(err, contract.ErrNotFound) {
+			continue // resolved or expired since Overdue listed it
+		}
+		if err != nil {
+			return res, err
+		}
+		if err := m.opts.Reconcile(ctx, l); err != nil {
+			continue
+		}
+		if l.Record().State != contract.StateInProgress {
+			res.Resolved++
+			m.mu.Lock()
+			m.stats.Reconciled++
+			m.mu.Unlock()
+		}
+	}
+	return res, nil
+}
+
+// Sweep deletes every record that has expired by now. Its Bytes are the
+// bytes of the deleted records' scopes, headers and bodies.
+func (m *MemStore) Sweep(ctx context.Context) (contract.SweepResult, error) {
+	if err := ctx.Err(); err != nil {
+		return contract.SweepResult{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enterLocked(); err != nil {
+		return contract.SweepResult{}, err
+	}
+	return m.sweepLocked(m.now()), nil
+}
+
+func (m *MemStore) sweepLocked(now time.Time) contract.SweepResult {
+	var res contract.SweepResult
+	for s, r := range m.recs {
+		if now.Before(r.rec.ExpiresAt) {
+			continue
+		}
+		delete(m.recs, s)
+		res.Records++
+		res.Bytes += recordBytes(&r.rec)
+	}
+	m.stats.Swept += int64(res.Records)
+	m.stats.BytesReclaimed += res.Bytes
+	return res
+}
+
+// recordBytes is what a record holds beyond its fixed fields.
+func recordBytes(rec *contract.Record) int64 {
+	n := len(rec.Scope.Tenant) + len(rec.Scope.Endpoint) + len(rec.Scope.Key) + len(rec.Response.Body)
+	for k, vs := range rec.Response.Header {
+		n += len(k)
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	return int64(n)
+}
+
+// Compact is Sweep: memory has no space to give back. progress, when not
+// nil, hears of the sweep phase only, before and after it.
+func (m *MemStore) Compact(ctx context.Context, progress func(contract.CompactProgress)) (contract.SweepResult, error) {
+	if err := ctx.Err(); err != nil {
+		return contract.SweepResult{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enterLocked(); err != nil {
+		return contract.SweepResult{}, err
+	}
+	now := m.now()
+	var total int64
+	for _, r := range m.recs {
+		if !now.Before(r.rec.ExpiresAt) {
+			total++
+		}
+	}
+	if progress != nil {
+		progress(contract.CompactProgress{Phase: "sweep", Total: total})
+	}
+	res := m.sweepLocked(now)
+	if progress != nil {
+		progress(contract.CompactProgress{Phase: "sweep", Done: int64(res.Records), Total: total})
+	}
+	return res, nil
+}
+
+// Metrics returns the event counts since NewMemStore and the stored
+// records that are not completed, expired ones included until a sweep
+// deletes them, as *idem.DB counts them. Engine is empty.
+func (m *MemStore) Metrics(ctx context.Context) (contract.Metrics, error) {
+	if err := ctx.Err(); err != nil {
+		return contract.Metrics{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enterLocked(); err != nil {
+		return contract.Metrics{}, err
+	}
+	now := m.now()
+	out := m.stats
+	for _, r := range m.recs {
+		switch r.rec.State {
+		case contract.StateInProgress:
+			out.InProgress++
+			if !now.Before(r.rec.LeaseUntil) {
+				out.Overdue++
+			}
+			out.OldestInProgress = max(out.OldestInProgress, now.Sub(r.rec.CreatedAt))
+		case contract.StateUnknown:
+			out.UnknownRecords++
+		case contract.StateFailed:
+			out.FailedRecords++
+		}
+		if !now.Before(r.rec.ExpiresAt) {
+			out.Expired++
+		}
+	}
+	return out, nil
+}
+
+// memLease is a MemStore's Lease. Its calls hold the store's mutex, which
+// also guards rec.
+type memLease struct {
+	m     *MemStore
+	scope contract.Scope
+	token uint64
+	rec   contract.Record // the record as this lease last wrote it
+}
+
+func (l *memLease) Scope() contract.Scope { return l.scope }
+
+func (l *memLease) Record() contract.Record {
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	return cloneRecord(l.rec)
+}
+
+// Complete keeps bodies up to MemOptions.MaxBodyBytes and omits larger
+// ones.
+func (l *memLease) Complete(ctx context.Context, resp contract.Response) error {
+	if resp.Status < 100 || resp.Status > 999 {
+		return fmt.Errorf("%w: status %d is outside 100-999", contract.ErrInvalidResponse, resp.Status)
+	}
+	return l.update(ctx, func(rec *contract.Record, now time.Time) {
+		rec.State = contract.StateCompleted
+		rec.LeaseUntil = now
+		rec.Response = contract.Response{Status: resp.Status, Header: cloneHeader(resp.Header)}
+		rec.BodyLen, rec.BodyDigest = int64(len(resp.Body)), sha256.Sum256(resp.Body)
+		if rec.BodyLen <= l.m.opts.MaxBodyBytes {
+			rec.Response.Body = bytes.Clone(resp.Body)
+		} else {
+			rec.BodyOmitted = true
+		}
+		l.m.stats.Completions++
+	})
+}
+
+func (l *memLease) Release(ctx context.Context) error { return l.update(ctx, nil) }
+
+func (l *memLease) MarkUnknown(ctx context.Context) error {
+	return l.update(ctx, func(rec *contract.Record, now time.Time) {
+		rec.State, rec.LeaseUntil = contract.StateUnknown, now
+		l.m.stats.Unknowns++
+	})
+}
+
+func (l *memLease) MarkFailed(ctx context.Context) error {
+	return l.update(ctx, func(rec *contract.Record, now time.Time) {
+		rec.State, rec.LeaseUntil = contract.StateFailed, now
+		l.m.stats.Failures++
+	})
+}
+
+func (l *memLease) Extend(ctx context.Context) error {
+	return l.update(ctx, func(rec *contract.Record, now time.Time) {
+		rec.LeaseUntil = now.Add(l.m.opts.Lease)
+	})
+}
+
+// update checks that the record is still this lease's, then applies change
+// to it, or deletes it when change is nil. The record is this lease's while
+// it is in progress, unexpired and under the lease's token: every other
+// writer changes the token or the state.
+func (l *memLease) update(ctx context.Context, change func(rec *contract.Record, now time.Time)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m := l.m
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enterLocked(); err != nil {
+		return err
+	}
+	now := m.now()
+	r := m.liveLocked(l.scope, now)
+	if r == nil || r.token != l.token || r.rec.State != contract.StateInProgress {
+		return contract.ErrLeaseLost
+	}
+	if change == nil {
+		delete(m.recs, l.scope)
+		m.stats.Releases++
+		m.wakeLocked(l.scope)
+		l.rec.State = 0
+		return nil
+	}
+	change(&r.rec, now)
+	r.rec.UpdatedAt = now
+	if r.rec.State != contract.StateInProgress {
+		m.wakeLocked(l.scope)
+	}
+	l.rec = cloneRecord(r.rec)
+	return nil
+}
+
+// cloneRecord copies rec with its own header and body.
+func cloneRecord(rec contract.Record) contract.Record {
+	rec.Response.Header = cloneHeader(rec.Response.Header)
+	rec.Response.Body = bytes.Clone(rec.Response.Body)
+	return rec
+}
+
+// cloneHeader copies h; an empty header becomes nil, as a store that
+// encodes records reads it back.
+func cloneHeader(h http.Header) http.Header {
+	if len(h) == 0 {
+		return nil
+	}
+	return h.Clone()
+}
