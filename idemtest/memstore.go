@@ -180,7 +180,7 @@ func (m *MemStore) Claim(ctx context.Context, s contract.Scope, fp contract.Fing
 		Attempts:    1,
 	}}
 	m.recs[s] = r
-	m.stats.Claims++
+	m.stats.Events[contract.EventClaimed]++
 	return &memLease{m: m, scope: s, token: r.token, rec: r.rec}, nil, nil
 }
 
@@ -193,17 +193,17 @@ func (m *MemStore) answerLocked(r *memRecord, fp contract.Fingerprint, now time.
 	}
 	switch {
 	case r.rec.Fingerprint != fp:
-		m.stats.Mismatches++
+		m.stats.Events[contract.EventMismatch]++
 		return nil, refuse(contract.ErrFingerprintMismatch, 0)
 	case r.rec.State == contract.StateCompleted:
-		m.stats.Replays++
+		m.stats.Events[contract.EventReplayed]++
 		rec := cloneRecord(r.rec)
 		return &rec, nil
 	case r.rec.State == contract.StateInProgress && now.Before(r.rec.LeaseUntil):
-		m.stats.Conflicts++
+		m.stats.Events[contract.EventConflict]++
 		return nil, refuse(contract.ErrInProgress, min(time.Second, r.rec.LeaseUntil.Sub(now)))
 	default:
-		m.stats.Pending++
+		m.stats.Events[contract.EventPending]++
 		return nil, refuse(contract.ErrOutcomePending, 0)
 	}
 }
@@ -413,6 +413,7 @@ func (m *MemStore) takeOver(s contract.Scope, overdueOnly bool) (*memLease, erro
 	r.rec.UpdatedAt = now
 	r.rec.LeaseUntil = now.Add(m.opts.Lease)
 	r.rec.Attempts++
+	m.stats.Events[contract.EventTakenOver]++
 	m.wakeLocked(s)
 	return &memLease{m: m, scope: s, token: r.token, rec: cloneRecord(r.rec)}, nil
 }
@@ -445,7 +446,7 @@ func (m *MemStore) Reconcile(ctx context.Context) (contract.ReconcileResult, err
 		if l.Record().State != contract.StateInProgress {
 			res.Resolved++
 			m.mu.Lock()
-			m.stats.Reconciled++
+			m.stats.Events[contract.EventReconciled]++
 			m.mu.Unlock()
 		}
 	}
@@ -476,7 +477,7 @@ func (m *MemStore) sweepLocked(now time.Time) contract.SweepResult {
 		res.Records++
 		res.Bytes += recordBytes(&r.rec)
 	}
-	m.stats.Swept += int64(res.Records)
+	m.stats.Events[contract.EventSwept] += int64(res.Records)
 	m.stats.BytesReclaimed += res.Bytes
 	return res
 }
@@ -588,7 +589,7 @@ func (l *memLease) Complete(ctx context.Context, resp contract.Response) error {
 		} else {
 			rec.BodyOmitted = true
 		}
-		l.m.stats.Completions++
+		l.m.stats.Events[contract.EventCompleted]++
 	})
 }
 
@@ -597,14 +598,14 @@ func (l *memLease) Release(ctx context.Context) error { return l.update(ctx, nil
 func (l *memLease) MarkUnknown(ctx context.Context) error {
 	return l.update(ctx, func(rec *contract.Record, now time.Time) {
 		rec.State, rec.LeaseUntil = contract.StateUnknown, now
-		l.m.stats.Unknowns++
+		l.m.stats.Events[contract.EventUnknown]++
 	})
 }
 
 func (l *memLease) MarkFailed(ctx context.Context) error {
 	return l.update(ctx, func(rec *contract.Record, now time.Time) {
 		rec.State, rec.LeaseUntil = contract.StateFailed, now
-		l.m.stats.Failures++
+		l.m.stats.Events[contract.EventFailed]++
 	})
 }
 
@@ -635,7 +636,7 @@ func (l *memLease) update(ctx context.Context, change func(rec *contract.Record,
 	}
 	if change == nil {
 		delete(m.recs, l.scope)
-		m.stats.Releases++
+		m.stats.Events[contract.EventReleased]++
 		m.wakeLocked(l.scope)
 		l.rec.State = 0
 		return nil

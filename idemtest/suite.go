@@ -974,6 +974,9 @@ func (su *suite) testOperator(t *testing.T) {
 		keyErr(t, err, contract.ErrInProgress, contract.StateInProgress)
 		require.NoError(t, l.Complete(t.Context(), paid))
 		assertResponse(t, paid, e.replay(s, a))
+		m, err := e.op.Metrics(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), m.Events[contract.EventTakenOver], "a take-over is counted")
 	})
 
 	t.Run("take-over settles unknown and failed records", func(t *testing.T) {
@@ -1080,7 +1083,7 @@ func (su *suite) testOperator(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, m.Expired)
 		assert.Zero(t, m.UnknownRecords)
-		assert.Equal(t, int64(2), m.Swept)
+		assert.Equal(t, int64(2), m.Events[contract.EventSwept])
 		res, err = e.op.Sweep(t.Context())
 		require.NoError(t, err)
 		assert.Zero(t, res.Records, "a second sweep finds nothing")
@@ -1125,9 +1128,14 @@ func (su *suite) testOperator(t *testing.T) {
 
 		m, err := e.op.Metrics(ctx)
 		require.NoError(t, err)
+		var events [contract.NumEvents]int64
+		events[contract.EventClaimed] = 6
+		for _, e := range []contract.Event{contract.EventReplayed, contract.EventConflict, contract.EventMismatch,
+			contract.EventPending, contract.EventCompleted, contract.EventReleased, contract.EventUnknown, contract.EventFailed} {
+			events[e] = 1
+		}
 		want := contract.Metrics{
-			Claims: 6, Replays: 1, Conflicts: 1, Mismatches: 1, Pending: 1,
-			Completions: 1, Releases: 1, Unknowns: 1, Failures: 1,
+			Events:     events,
 			InProgress: 2, Overdue: 1, OldestInProgress: lease,
 			UnknownRecords: 1, FailedRecords: 1,
 			Engine: m.Engine, // the backend's own
@@ -1142,7 +1150,7 @@ func (su *suite) testOperator(t *testing.T) {
 		require.NoError(t, err)
 		m, err = e.op.Metrics(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, int64(5), m.Swept)
+		assert.Equal(t, int64(5), m.Events[contract.EventSwept])
 		assert.Zero(t, m.Expired)
 		assert.Zero(t, m.InProgress)
 		assert.Zero(t, m.UnknownRecords)
