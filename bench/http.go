@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
+	"github.com/idemkv/idem/idemtest"
 )
 
 // httpSystem is idem as a service sees it: a net/http server on loopback
@@ -141,20 +142,24 @@ func (s *httpSystem) close() error {
 }
 
 // noopBench measures the middleware's own cost per request: the
-// middleware over a store on an in-memory filesystem (whose sync is free)
-// in front of a handler that only answers 201, called directly without a
-// network. bare is the same handler without the middleware, so the
-// overhead is the difference.
+// middleware in front of a handler that only answers 201, called directly
+// without a network. bare is the same handler without the middleware, so
+// the overhead is the difference. The store is the embedded one on an
+// in-memory filesystem, whose sync is free, or with mem the in-memory
+// MemStore, which shows the middleware's cost apart from any engine's.
 type noopBench struct {
-	db      *idem.DB
+	db      idem.Store
 	bare    http.Handler
 	wrapped http.Handler
 }
 
-func newNoopBench() (*noopBench, error) {
-	db, err := idem.Open("db", &idem.Options{FS: vfs.NewMem(), SweepInterval: -1})
-	if err != nil {
-		return nil, err
+func newNoopBench(mem bool) (*noopBench, error) {
+	var db idem.Store = idemtest.NewMemStore(nil)
+	if !mem {
+		var err error
+		if db, err = idem.Open("db", &idem.Options{FS: vfs.NewMem(), SweepInterval: -1}); err != nil {
+			return nil, err
+		}
 	}
 	mw, err := idemhttp.New(idemhttp.Options{
 		Store:  db,
@@ -196,7 +201,7 @@ func (n *noopBench) close() error { return n.db.Close() }
 // middleware, one request at a time, for about d each, and returns the
 // mean time per request of each.
 func middlewareOverhead(d time.Duration) (bare, wrapped time.Duration, err error) {
-	n, err := newNoopBench()
+	n, err := newNoopBench(false)
 	if err != nil {
 		return 0, 0, err
 	}
