@@ -32,7 +32,7 @@ const DefaultKeyAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 // Options configure the middleware. Store and Tenant are required; every
 // other zero value selects the default given in its comment.
 type Options struct {
-	// Store keeps the records: the embedded store (contract.Open) or any
+	// Store keeps the records: the embedded store (idem.Open) or any
 	// other backend of the contract. Required.
 	Store contract.Store
 
