@@ -1,18 +1,39 @@
-package idem_test
+package contract_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"net/http"
 	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/internal/idemtest"
+	idem "github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem/idemtest"
 )
+
+var ctx = context.Background()
+
+func fp(s string) idem.Fingerprint { return sha256.Sum256([]byte(s)) }
+
+func scope(key string) idem.Scope {
+	return idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: key}
+}
+
+var paid = idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":"pay_1"}`)}
+
+// keyErr asserts that err is a *KeyError wrapping want in state st.
+func keyErr(t *testing.T, err error, want error, st idem.State) {
+	t.Helper()
+	require.ErrorIs(t, err, want)
+	var ke *idem.KeyError
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, st, ke.State)
+}
 
 // run returns an operation for idem.Do that counts its runs and answers
 // with resp and err.
@@ -24,7 +45,7 @@ func run(runs *int, resp idem.Response, err error) func(context.Context, idem.Le
 }
 
 func TestDoRunsOnceAndReplays(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
+	db := idemtest.NewMemStore(nil)
 	runs := 0
 	resp, replayed, err := idem.Do(ctx, db, scope("k1"), fp("a"), run(&runs, paid, nil))
 	require.NoError(t, err)
@@ -44,7 +65,7 @@ func TestDoRunsOnceAndReplays(t *testing.T) {
 }
 
 func TestDoErrorsDecideTheOutcome(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
+	db := idemtest.NewMemStore(nil)
 	runs := 0
 	noEffect := fmt.Errorf("card declined before capture: %w", idem.ErrNoEffect)
 	_, _, err := idem.Do(ctx, db, scope("released"), fp("a"), run(&runs, idem.Response{}, noEffect))
@@ -68,7 +89,7 @@ func TestDoErrorsDecideTheOutcome(t *testing.T) {
 }
 
 func TestDoPanicAndGoexitRecordUnknown(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
+	db := idemtest.NewMemStore(nil)
 	assert.PanicsWithValue(t, "boom", func() {
 		_, _, _ = idem.Do(ctx, db, scope("panic"), fp("a"), func(context.Context, idem.Lease) (idem.Response, error) {
 			panic("boom")
@@ -93,7 +114,7 @@ func TestDoPanicAndGoexitRecordUnknown(t *testing.T) {
 // TestDoRecordsOutcomeAfterCancel: a caller that gives up while the
 // operation runs must not leave the record in progress.
 func TestDoRecordsOutcomeAfterCancel(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
+	db := idemtest.NewMemStore(nil)
 	cctx, cancel := context.WithCancel(ctx)
 	_, _, err := idem.Do(cctx, db, scope("k1"), fp("a"), func(context.Context, idem.Lease) (idem.Response, error) {
 		cancel()
@@ -108,7 +129,7 @@ func TestDoRecordsOutcomeAfterCancel(t *testing.T) {
 // TestDoKeepsAnUnstoredResponse: when the outcome cannot be stored, Do
 // hands out the error, never the response a retry could not get back.
 func TestDoKeepsAnUnstoredResponse(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
+	db := idemtest.NewMemStore(nil)
 	resp, replayed, err := idem.Do(ctx, db, scope("k1"), fp("a"), run(new(int), idem.Response{Status: 42, Body: []byte("x")}, nil))
 	require.ErrorIs(t, err, idem.ErrInvalidResponse)
 	assert.False(t, replayed)
