@@ -285,6 +285,23 @@ type stripe struct {
 	writes uint64
 }
 
+// await returns once whoever held s when it was called has let it go. It
+// is a barrier, not a critical section: nothing is read or written while
+// s is held.
+func (s *stripe) await() {
+	s.Lock()
+	defer s.Unlock()
+}
+
+// awaitWrites returns once every write that held a stripe when it was
+// called has ended, durable or failed. It takes each stripe in turn and
+// lets it go at once, so it holds up no write for longer than that.
+func (db *DB) awaitWrites() {
+	for i := range db.stripes {
+		db.stripes[i].await()
+	}
+}
+
 // hash is the hash of a record key that picks its stripe and its filter
 // bits.
 func (db *DB) hash(rk []byte) uint64 { return maphash.Bytes(db.seed, rk) }

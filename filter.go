@@ -145,12 +145,9 @@ func (db *DB) buildFilter(afterSnapshot func()) error {
 	nf := newKeyFilter(filterCapacity(old, db.minFilter))
 	db.filters.Store(&filterPair{cur: old, next: nf})
 	// A writer that took its stripe before the line above may have added
-	// its key to old only; once every stripe has been free, all those
-	// writes have committed, and the scan below sees them.
-	for i := range db.stripes {
-		db.stripes[i].Lock()
-		db.stripes[i].Unlock()
-	}
+	// its key to old only; once those writes have ended they have
+	// committed, and the scan below sees them.
+	db.awaitWrites()
 	n, err := db.scanRecordKeys(nf, afterSnapshot)
 	if err != nil {
 		db.filters.Store(&filterPair{cur: old})
