@@ -66,5 +66,5 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(nkeys), m.Claims)
 	assert.Equal(t, int64(workers*nkeys-nkeys), m.Replays+m.Conflicts)
-	require.NoError(t, db.CheckConsistency())
+	idem.RequireConsistent(t, db)
 }

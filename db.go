@@ -346,13 +346,17 @@ func (db *DB) lockKeys(rks [][]byte) (unlock func()) {
 	}
 }
 
-// get reads the value stored under k, as Pebble's Get does. A value kept
-// in a blob file is read lazily, and when that read fails Pebble's Get
-// returns no value and no error, the error coming only from the closer;
-// decoded, the missing value would pass for a corrupt record. Stored values
-// are never empty, so get checks the closer then and returns its error.
-func (db *DB) get(k []byte) ([]byte, io.Closer, error) {
-	v, closer, err := db.pdb.Get(k)
+// get reads the value stored under k, as Pebble's Get does (getValue).
+func (db *DB) get(k []byte) ([]byte, io.Closer, error) { return getValue(db.pdb, k) }
+
+// getValue reads the value stored under k in r, as Pebble's Get does. A
+// value kept in a blob file is read lazily, and when that read fails
+// Pebble's Get returns no value and no error, the error coming only from
+// the closer; decoded, the missing value would pass for a corrupt record.
+// So when the value is empty, as a record's never is, getValue closes the
+// closer and returns its error.
+func getValue(r pebble.Reader, k []byte) ([]byte, io.Closer, error) {
+	v, closer, err := r.Get(k)
 	if err != nil || len(v) > 0 {
 		return v, closer, err
 	}

@@ -54,8 +54,10 @@
 // past its lease, unknown, failed) to settle it: never on a completed one,
 // never while a live lease may still be at work. Options.Events receives one
 // structured event per state transition, carrying a hash of the key rather
-// than the key. Metrics and Ping feed dashboards and health checks; the idem
-// command wraps all of this for people.
+// than the key. Metrics and Ping feed dashboards and health checks. Check
+// reads the whole store and reports every record, index entry or body chunk
+// that breaks the invariants between them, as Problems with stable kinds.
+// The idem command wraps all of this for people.
 //
 // # Expiry
 //

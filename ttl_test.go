@@ -56,7 +56,7 @@ func TestSweepDeletesEverythingExpired(t *testing.T) {
 	rec, err := db.Get(ctx, scope("big0"))
 	require.NoError(t, err)
 	assert.Equal(t, paid.Body, rec.Response.Body)
-	require.NoError(t, db.CheckConsistency())
+	idem.RequireConsistent(t, db)
 
 	m, err := db.Metrics(context.Background())
 	require.NoError(t, err)
@@ -79,7 +79,7 @@ func TestExpiredRecordsReadAsAbsentBeforeSweep(t *testing.T) {
 	assert.ErrorIs(t, err, idem.ErrNotFound)
 	// Claiming over the expired record leaves no trace of it behind.
 	claim(t, db, scope("k"), fp("b"))
-	require.NoError(t, db.CheckConsistency())
+	idem.RequireConsistent(t, db)
 	assert.Equal(t, map[string]int{"r": 1, "x": 1, "p": 1, "b": 0}, countFamilies(t, db))
 }
 
@@ -188,7 +188,7 @@ func TestReconcile(t *testing.T) {
 			if tt.resolve != nil {
 				assert.ErrorIs(t, holder.Complete(ctx, paid), idem.ErrLeaseLost, "the slow holder must not race the reconciler")
 			}
-			require.NoError(t, db.CheckConsistency())
+			idem.RequireConsistent(t, db)
 		})
 	}
 }
