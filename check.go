@@ -174,37 +174,7 @@ func (c *checker) run(ctx context.Context) error {
 				return errors.Join(err, it.Close())
 			}
 		}
-		k := it.Key()
-		if len(k) == 0 || k[0] != keys.TagBody {
-			if err := c.endGroup(); err != nil {
-				return errors.Join(err, it.Close())
-			}
-		}
-		var tag byte
-		if len(k) > 0 {
-			tag = k[0]
-		}
-		switch tag {
-		case keys.TagRecord:
-			var v []byte
-			if v, err = it.ValueAndErr(); err == nil {
-				err = c.record(k, v)
-			}
-		case keys.TagExpiry, keys.TagPending:
-			var v []byte
-			if v, err = it.ValueAndErr(); err == nil {
-				err = c.index(k, v)
-			}
-		case keys.TagBody:
-			err = c.chunk(k)
-		case keys.TagMeta:
-			if !bytes.Equal(k, keys.Schema) {
-				c.unknownKey(k)
-			}
-		default:
-			c.unknownKey(k)
-		}
-		if err != nil {
+		if err := c.visit(it); err != nil {
 			return errors.Join(err, it.Close())
 		}
 	}
@@ -212,6 +182,40 @@ func (c *checker) run(ctx context.Context) error {
 		return errors.Join(err, it.Close())
 	}
 	return it.Close()
+}
+
+// visit checks the key it is at, by its family.
+func (c *checker) visit(it *pebble.Iterator) error {
+	k := it.Key()
+	var tag byte
+	if len(k) > 0 {
+		tag = k[0]
+	}
+	if tag != keys.TagBody {
+		if err := c.endGroup(); err != nil {
+			return err
+		}
+	}
+	switch tag {
+	case keys.TagRecord, keys.TagExpiry, keys.TagPending:
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return err
+		}
+		if tag == keys.TagRecord {
+			return c.record(k, v)
+		}
+		return c.index(k, v)
+	case keys.TagBody:
+		return c.chunk(k)
+	case keys.TagMeta:
+		if !bytes.Equal(k, keys.Schema) {
+			c.unknownKey(k)
+		}
+	default:
+		c.unknownKey(k)
+	}
+	return nil
 }
 
 // about returns a problem of kind concerning the record under rk, with
