@@ -206,8 +206,11 @@ func TestBackgroundLoop(t *testing.T) {
 			if closed.Load() {
 				t.Error("reconciler called after Close returned")
 			}
+			// Marked before the test hears of it: the test closes the
+			// store next, which would cancel a mark still to come.
+			err := l.MarkUnknown(ctx)
 			calls <- l
-			return l.MarkUnknown(ctx)
+			return err
 		},
 	})
 	require.NoError(t, err)
