@@ -66,5 +66,5 @@ func TestConcurrentClaimsOneWinner(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(nkeys), m.Events[idem.EventClaimed])
 	assert.Equal(t, int64(workers*nkeys-nkeys), m.Events[idem.EventReplayed]+m.Events[idem.EventConflict])
-	require.NoError(t, db.CheckConsistency())
+	idem.RequireConsistent(t, db)
 }

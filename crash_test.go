@@ -122,7 +122,7 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 			after, err := idem.Open("db", &idem.Options{FS: image, SweepInterval: -1, InlineBodyBytes: 64 << 10, MaxBodyBytes: 1 << 20})
 			require.NoError(t, err, "the crash image must open")
 			defer after.Close()
-			require.NoError(t, after.CheckConsistency(), "no write may be half applied")
+			idem.RequireConsistent(t, after, "no write may be half applied")
 			for i, want := range snapshot {
 				s := scope(fmt.Sprint(i))
 				rec, err := after.Get(ctx, s)

@@ -228,7 +228,7 @@ func TestClaimTransitions(t *testing.T) {
 				assert.Equal(t, beforeErr, afterErr)
 				assert.Equal(t, before, after, "a refused claim changes nothing")
 			}
-			require.NoError(t, db.CheckConsistency())
+			idem.RequireConsistent(t, db)
 		})
 	}
 }
@@ -270,7 +270,7 @@ func TestLeaseTransitions(t *testing.T) {
 				after, afterErr := db.Get(ctx, s)
 				assert.Equal(t, beforeErr, afterErr)
 				assert.Equal(t, before, after)
-				require.NoError(t, db.CheckConsistency())
+				idem.RequireConsistent(t, db)
 			})
 		}
 	}
@@ -336,7 +336,7 @@ func TestPendingEntryRewrittenInPlaceStaysRetired(t *testing.T) {
 	m, err := db.Metrics(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, m.InProgress)
-	require.NoError(t, db.CheckConsistency())
+	idem.RequireConsistent(t, db)
 }
 
 func TestInvalidInputChangesNothing(t *testing.T) {
@@ -517,7 +517,7 @@ func TestBodiesInlineChunkedAndOmitted(t *testing.T) {
 			assert.Equal(t, body, rec.Response.Body, "size %d", size)
 		}
 	}
-	require.NoError(t, db.CheckConsistency())
+	idem.RequireConsistent(t, db)
 }
 
 func TestMetricsCountTransitions(t *testing.T) {

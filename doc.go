@@ -53,8 +53,10 @@
 // Records lists what is stored, TakeOver gives a person or a tool a lease
 // on a stuck record (never on a completed one, never while a live lease may
 // still be at work), Metrics counts every Event, and Options.Events logs
-// each one with a hash of the key rather than the key. The idem command
-// wraps all of this for people.
+// each one with a hash of the key rather than the key. Check reads the
+// whole store and reports every record, index entry or body chunk that
+// breaks the invariants between them, as Problems with stable kinds. The
+// idem command wraps all of this for people.
 //
 // # Expiry
 //

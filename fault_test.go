@@ -91,7 +91,7 @@ func checkIntact(t *testing.T, db *idem.DB, n int, body func(int) []byte) {
 		require.NotNil(t, rec, "key %d must replay", i)
 		assert.Equal(t, body(i), rec.Response.Body)
 	}
-	require.NoError(t, db.CheckConsistency())
+	idem.RequireConsistent(t, db)
 }
 
 func TestReadFaultsGiveErrors(t *testing.T) {

@@ -87,7 +87,7 @@ func runIndexSequence(t *testing.T, intn func(n int) int, steps int) {
 		return err == nil
 	}
 	check := func(step int, what string) {
-		require.NoError(t, db.CheckConsistency(), "after step %d (%s)", step, what)
+		RequireConsistent(t, db, "after step %d (%s)", step, what)
 	}
 	for step := range steps {
 		var err error

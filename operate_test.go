@@ -144,7 +144,7 @@ func TestTakeOver(t *testing.T) {
 	after, err := db.Get(ctx, s)
 	require.NoError(t, err)
 	assert.Equal(t, rec, after, "a refused takeover changes nothing")
-	require.NoError(t, db.CheckConsistency())
+	idem.RequireConsistent(t, db)
 
 	// Released by an operator, the key is free again.
 	claim(t, db, scope("k2"), fp("b")).MarkUnknown(ctx)
@@ -152,7 +152,7 @@ func TestTakeOver(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, op.Release(ctx))
 	claim(t, db, scope("k2"), fp("c"))
-	require.NoError(t, db.CheckConsistency())
+	idem.RequireConsistent(t, db)
 }
 
 // TestEventsOnePerTransition drives a record through every transition and

@@ -131,7 +131,18 @@ func (h *opsHarness) open() {
 	h.counts = idem.Metrics{}
 }
 
-func (h *opsHarness) close() { require.NoError(h.t, h.db.Close()) }
+func (h *opsHarness) close() {
+	h.requireSound()
+	require.NoError(h.t, h.db.Close())
+}
+
+// requireSound fails the run unless DB.Check finds every record agreeing
+// with its index entries and body chunks.
+func (h *opsHarness) requireSound() {
+	res, err := h.db.Check(h.ctx)
+	require.NoError(h.t, err)
+	require.True(h.t, res.OK(), "%v", res.Problems)
+}
 
 func (h *opsHarness) scope(k int) idem.Scope {
 	return idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: fmt.Sprint("key-", k)}
@@ -466,4 +477,5 @@ func (h *opsHarness) crash(unsynced int) {
 	require.NoError(h.t, h.db.Close())
 	h.fs = image
 	h.open()
+	h.requireSound()
 }

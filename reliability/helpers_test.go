@@ -43,14 +43,6 @@ func startUpstream(t *testing.T, maxDelay time.Duration) *upstreamProc {
 	return &upstreamProc{Process: p, url: url, journal: journal}
 }
 
-// counts returns how often each tenant and key executed, from the journal.
-func (u *upstreamProc) counts(t *testing.T) map[string]int {
-	t.Helper()
-	execs, err := crashtest.ReadJournal(u.journal)
-	require.NoError(t, err)
-	return crashtest.Counts(execs)
-}
-
 // executions returns how many executions the journal holds.
 func (u *upstreamProc) executions(t *testing.T) int {
 	t.Helper()

@@ -22,6 +22,7 @@ type command struct {
 // one line here.
 var commands = map[string]command{
 	"canon":       {"print the canonical form of a JSON document", runCanon},
+	"check":       {"verify that records, index entries and body chunks agree", runCheck},
 	"compact":     {"delete expired records and return their space to the disk now", runCompact},
 	"fingerprint": {"print the fingerprint of a request, to see why a retry got 422", runFingerprint},
 	"get":         {"show one record in full, or only its stored response body", runGet},

@@ -12,9 +12,9 @@ import (
 	"github.com/idemkv/idem"
 )
 
-// The operator tools (inspect, get, stats, compact, resolve) share what is
-// in this file: how they open a store, the flags that name a record, and
-// how a record is shown.
+// The operator tools (inspect, get, stats, check, compact, resolve) share
+// what is in this file: how they open a store, the flags that name a
+// record, and how a record is shown.
 
 // openExisting opens the store in dir for the tool called name. Unlike
 // serve and proxy, a tool never creates a store, and it needs the

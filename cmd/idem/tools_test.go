@@ -206,6 +206,8 @@ func TestToolFailures(t *testing.T) {
 		{"resolve completed", append([]string{"resolve", "--data", dir, "--as", "released"}, scopeArgs(seeded.completed)...), 1, "never overwritten"},
 		{"resolve live lease", append([]string{"resolve", "--data", dir, "--as", "released"}, scopeArgs(seeded.fresh)...), 1, "lease runs for another"},
 		{"compact argument", []string{"compact", "--data", dir, "now"}, 2, `unexpected argument "now"`},
+		{"check argument", []string{"check", "--data", dir, "all"}, 2, `unexpected argument "all"`},
+		{"check missing dir", []string{"check", "--data", missing}, 1, "holds no idem store"},
 		{"keygen bad format", []string{"keygen", "--format", "uuid1"}, 2, `--format "uuid1"`},
 		{"keygen zero", []string{"keygen", "-n", "0"}, 2, "-n 0 must be between 1 and"},
 	}
@@ -236,7 +238,7 @@ func TestToolsRefuseABusyStore(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	for _, args := range [][]string{
-		{"inspect"}, {"stats"}, {"compact"},
+		{"inspect"}, {"stats"}, {"check"}, {"compact"},
 		append([]string{"get"}, scopeArgs(seeded.completed)...),
 		append([]string{"resolve", "--as", "released"}, scopeArgs(seeded.stuck)...),
 	} {
@@ -433,7 +435,7 @@ func TestKeygen(t *testing.T) {
 }
 
 func TestToolHelp(t *testing.T) {
-	for _, name := range []string{"inspect", "get", "stats", "compact", "resolve", "keygen"} {
+	for _, name := range []string{"inspect", "get", "stats", "check", "compact", "resolve", "keygen"} {
 		r := runIdem(t, "", name, "--help")
 		assert.Equal(t, 0, r.code, name)
 		assert.Contains(t, r.stderr, "usage: idem "+name)

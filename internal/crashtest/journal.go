@@ -99,15 +99,6 @@ func ReadJournal(path string) ([]Execution, error) {
 	return out, sc.Err()
 }
 
-// Counts returns how often each scope ran: the key is TenantKey's.
-func Counts(execs []Execution) map[string]int {
-	m := make(map[string]int, len(execs))
-	for _, e := range execs {
-		m[TenantKey(e.Tenant, e.Key)]++
-	}
-	return m
-}
-
 // TenantKey joins a tenant and a key into one map key; NUL appears in
 // neither, since both travel in header values.
 func TenantKey(tenant, key string) string { return tenant + "\x00" + key }

@@ -145,12 +145,9 @@ func (t *Table) BuildFilter(afterSnapshot func()) error {
 	nf := newKeyFilter(filterCapacity(old, t.minFilter))
 	t.filters.Store(&filterPair{cur: old, next: nf})
 	// A writer that took its stripe before the line above may have added
-	// its key to old only; once every stripe has been free, all those
-	// writes have committed, and the scan below sees them.
-	for i := range t.stripes {
-		t.stripes[i].Lock()
-		t.stripes[i].Unlock()
-	}
+	// its key to old only; once those writes have ended they have
+	// committed, and the scan below sees them.
+	t.awaitWrites()
 	n, err := t.scanRecordKeys(nf, afterSnapshot)
 	if err != nil {
 		t.filters.Store(&filterPair{cur: old})

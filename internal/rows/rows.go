@@ -53,8 +53,8 @@ func New(pdb *pebble.DB, commits *commit.Committer, stop <-chan struct{}) *Table
 // rarely share one at a few hundred concurrent requests.
 const NumStripes = 4096
 
-// chunkBytes is the size of one overflow body chunk.
-const chunkBytes = 64 << 10
+// ChunkBytes is the size of one overflow body chunk.
+const ChunkBytes = 64 << 10
 
 // Stripe guards the records whose keys hash to it: every read that must
 // see only durable state and every write of such a record holds it.
@@ -69,6 +69,23 @@ type Stripe struct {
 // hash is the hash of a record key that picks its stripe and its filter
 // bits.
 func (t *Table) hash(rk []byte) uint64 { return maphash.Bytes(t.seed, rk) }
+
+// await returns once whoever held s when it was called has let it go. It
+// is a barrier, not a critical section: nothing is read or written while
+// s is held.
+func (s *Stripe) await() {
+	s.Lock()
+	defer s.Unlock()
+}
+
+// awaitWrites returns once every write that held a stripe when it was
+// called has ended, durable or failed. It takes each stripe in turn and
+// lets it go at once, so it holds up no write for longer than that.
+func (t *Table) awaitWrites() {
+	for i := range t.stripes {
+		t.stripes[i].await()
+	}
+}
 
 // Stripe returns the stripe of the record under rk.
 func (t *Table) Stripe(rk []byte) *Stripe {
@@ -94,13 +111,17 @@ func (t *Table) LockKeys(rks [][]byte) (unlock func()) {
 	}
 }
 
-// Get reads the value stored under k, as Pebble's Get does. A value kept
-// in a blob file is read lazily, and when that read fails Pebble's Get
-// returns no value and no error, the error coming only from the closer;
-// decoded, the missing value would pass for a corrupt record. Stored values
-// are never empty, so Get checks the closer then and returns its error.
-func (t *Table) Get(k []byte) ([]byte, io.Closer, error) {
-	v, closer, err := t.pdb.Get(k)
+// Get reads the value stored under k, as GetValue does.
+func (t *Table) Get(k []byte) ([]byte, io.Closer, error) { return GetValue(t.pdb, k) }
+
+// GetValue reads the value stored under k in r, as Pebble's Get does. A
+// value kept in a blob file is read lazily, and when that read fails
+// Pebble's Get returns no value and no error, the error coming only from
+// the closer; decoded, the missing value would pass for a corrupt record.
+// So when the value is empty, as a record's never is, GetValue closes the
+// closer and returns its error.
+func GetValue(r pebble.Reader, k []byte) ([]byte, io.Closer, error) {
+	v, closer, err := r.Get(k)
 	if err != nil || len(v) > 0 {
 		return v, closer, err
 	}
@@ -141,7 +162,7 @@ func (t *Table) ReadLocked(rk []byte, now time.Time) (rec *record.Stored, live b
 // Only the index entries that change are written: every memtable entry
 // costs a skiplist insert on the hot path.
 func (t *Table) WriteLocked(rk []byte, old, rec *record.Stored, body []byte) ([]byte, error) {
-	rec.Chunks = uint32((len(body) + chunkBytes - 1) / chunkBytes)
+	rec.Chunks = uint32((len(body) + ChunkBytes - 1) / ChunkBytes)
 	v, err := rec.Encode(make([]byte, 0, 256+len(rec.Response.Body)))
 	if err != nil {
 		return nil, err
@@ -165,8 +186,8 @@ func (t *Table) WriteLocked(rk []byte, old, rec *record.Stored, body []byte) ([]
 			w.deleteRange(keys.ChunkSpan(rk))
 		}
 		for i := uint32(0); i < rec.Chunks; i++ {
-			end := min(len(body), int(i+1)*chunkBytes)
-			w.set(keys.AppendChunk(nil, rk, i), body[int(i)*chunkBytes:end])
+			end := min(len(body), int(i+1)*ChunkBytes)
+			w.set(keys.AppendChunk(nil, rk, i), body[int(i)*ChunkBytes:end])
 		}
 		if oldX != nil && !bytes.Equal(oldX, xk) {
 			w.delete(oldX)
