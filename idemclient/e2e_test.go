@@ -80,7 +80,7 @@ func serverFingerprint(t *testing.T, body string) idem.Fingerprint {
 func TestEndToEndDroppedResponses(t *testing.T) {
 	s := newIdemServer(t, 2)
 	c := newFakeClock()
-	client := &http.Client{Transport: newTransport(t, &idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})}
+	client := &http.Client{Transport: newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), Now: c.Now}))}
 
 	resp, err := client.Do(post(t, context.Background(), s.srv.URL+"/orders", `{"sku":"tea","qty":2}`))
 	require.NoError(t, err)
@@ -124,7 +124,7 @@ func TestEndToEndInProgress(t *testing.T) {
 			assert.NoError(t, lease.Complete(context.Background(), idem.Response{Status: http.StatusCreated, Body: []byte(`{"order":"held"}`)}))
 		}
 	}
-	tr := newTransport(t, &idemclient.Options{Base: noReuse(), Backoff: zeroBackoff, Sleep: c.Sleep, Now: c.Now})
+	tr := newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), Backoff: zeroBackoff, Now: c.Now}))
 	req := post(t, context.Background(), s.srv.URL+"/orders", body)
 	req.Header.Set(contract.HeaderKey, key)
 	resp, err := tr.RoundTrip(req)

@@ -20,9 +20,9 @@ import (
 	fake "github.com/idemkv/idem/idemtest"
 )
 
-// fakeClock stands in for Options.Sleep beside the Now of the repository's
-// fake clock, which it embeds: a sleep returns at once after moving the
-// clock forward, so no test really waits.
+// fakeClock stands in for the Transport's timer (SetSleep) beside the Now
+// of the repository's fake clock, which it embeds: a sleep returns at once
+// after moving the clock forward, so no test really waits.
 type fakeClock struct {
 	*fake.Clock
 	mu      sync.Mutex
@@ -178,4 +178,10 @@ func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
 	req := request(t, ctx, http.MethodPost, url, body)
 	req.Header.Set("Content-Type", "application/json")
 	return req
+}
+
+// sleeping makes the Transport built from o sleep on c, and returns o.
+func sleeping(c *fakeClock, o *idemclient.Options) *idemclient.Options {
+	idemclient.SetSleep(o, c.Sleep)
+	return o
 }

@@ -87,14 +87,14 @@ type Options struct {
 	// A longer body's connection is closed instead. Default: 64 KiB.
 	DrainBytes int64
 
-	// Sleep waits for d or until ctx is done, whichever comes first, and
-	// returns ctx's error in the second case. Tests inject one that
-	// returns at once. Default: a timer.
-	Sleep func(ctx context.Context, d time.Duration) error
-
 	// Now is the clock, used for MaxElapsed and for Retry-After dates.
 	// Default: time.Now.
 	Now func() time.Time
+
+	// sleep waits for d or until ctx is done, whichever comes first, and
+	// returns ctx's error in the second case: a timer, which this
+	// package's tests replace so that backoffs take no time.
+	sleep func(ctx context.Context, d time.Duration) error
 
 	// Logger receives a debug line per retry and a warning when an
 	// operation cannot be marked done. Default: slog.Default().
@@ -163,8 +163,8 @@ func (o *Options) withDefaults() (Options, error) {
 	case c.DrainBytes < 0:
 		bad("DrainBytes %d must not be negative", c.DrainBytes)
 	}
-	if c.Sleep == nil {
-		c.Sleep = sleep
+	if c.sleep == nil {
+		c.sleep = sleep
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -190,7 +190,7 @@ func isToken(s string) bool {
 	return true
 }
 
-// sleep is the default Options.Sleep.
+// sleep waits on a timer; see Options.sleep.
 func sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
@@ -463,7 +463,7 @@ func (c *call) run() (*http.Response, error) {
 			slog.String("operation", c.op), slog.String("key_hash", keyHash(c.key)),
 			slog.Int("attempt", c.attempts), slog.Int("status", c.status),
 			slog.Any("err", err), slog.Duration("wait", wait))
-		if err := t.o.Sleep(ctx, wait); err != nil {
+		if err := t.o.sleep(ctx, wait); err != nil {
 			return nil, c.fail("stopped while waiting to retry", err)
 		}
 	}

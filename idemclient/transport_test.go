@@ -65,13 +65,12 @@ func TestClientTable(t *testing.T) {
 			base := noReuse()
 			base.ResponseHeaderTimeout = tt.headerTimeout
 			var refreshes atomic.Int32
-			o := &idemclient.Options{
+			o := sleeping(clock, &idemclient.Options{
 				Base:     base,
 				KeyStore: store,
 				Backoff:  idemclient.FullJitter(time.Second, 10*time.Second, rand.NewPCG(1, 2)),
-				Sleep:    clock.Sleep,
 				Now:      clock.Now,
-			}
+			})
 			if tt.refresh {
 				o.Refresh = func(_ context.Context, req *http.Request) error {
 					refreshes.Add(1)
@@ -148,7 +147,7 @@ func TestTransportRetryAfterForms(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFlaky(t, tt.first)
 			c := newFakeClock()
-			tr := newTransport(t, &idemclient.Options{Base: noReuse(), Backoff: tt.backoff, Sleep: c.Sleep, Now: c.Now})
+			tr := newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), Backoff: tt.backoff, Now: c.Now}))
 			resp, err := tr.RoundTrip(post(t, context.Background(), f.srv.URL, `{}`))
 			require.NoError(t, err)
 			resp.Body.Close()
@@ -161,7 +160,7 @@ func TestTransportRetryAfterForms(t *testing.T) {
 func TestRetryAfterBeyondCapGivesUp(t *testing.T) {
 	f := newFlaky(t, withRetryAfter(429, "120"))
 	c := newFakeClock()
-	tr := newTransport(t, &idemclient.Options{Base: noReuse(), MaxRetryAfter: 30 * time.Second, Sleep: c.Sleep, Now: c.Now})
+	tr := newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), MaxRetryAfter: 30 * time.Second, Now: c.Now}))
 	_, err := tr.RoundTrip(post(t, context.Background(), f.srv.URL, `{}`))
 	var rerr *idemclient.RetryError
 	require.ErrorAs(t, err, &rerr)
@@ -174,7 +173,7 @@ func TestRetryAfterBeyondCapGivesUp(t *testing.T) {
 func TestAttemptLimit(t *testing.T) {
 	f := newFlaky(t, status(503), status(503), status(503), status(503))
 	c := newFakeClock()
-	tr := newTransport(t, &idemclient.Options{Base: noReuse(), MaxAttempts: 3, Sleep: c.Sleep, Now: c.Now})
+	tr := newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), MaxAttempts: 3, Now: c.Now}))
 	_, err := tr.RoundTrip(post(t, context.Background(), f.srv.URL, `{}`))
 	var rerr *idemclient.RetryError
 	require.ErrorAs(t, err, &rerr)
@@ -190,14 +189,13 @@ func TestAttemptLimit(t *testing.T) {
 func TestElapsedLimit(t *testing.T) {
 	f := newFlaky(t, status(503), status(503), status(503), status(503), status(503))
 	c := newFakeClock()
-	tr := newTransport(t, &idemclient.Options{
+	tr := newTransport(t, sleeping(c, &idemclient.Options{
 		Base:        noReuse(),
 		MaxAttempts: 10,
 		MaxElapsed:  25 * time.Second,
 		Backoff:     func(int, *http.Response) time.Duration { return 10 * time.Second },
-		Sleep:       c.Sleep,
 		Now:         c.Now,
-	})
+	}))
 	_, err := tr.RoundTrip(post(t, context.Background(), f.srv.URL, `{}`))
 	var rerr *idemclient.RetryError
 	require.ErrorAs(t, err, &rerr)
@@ -208,7 +206,7 @@ func TestElapsedLimit(t *testing.T) {
 }
 
 // cancelOnRetry is a slog handler that cancels a context shortly after the
-// Transport announces a retry, that is, once the real default Sleep has
+// Transport announces a retry, that is, once the real timer has
 // started its hour-long wait.
 type cancelOnRetry struct {
 	cancel context.CancelFunc
@@ -237,7 +235,7 @@ func TestContextCancelledDuringWait(t *testing.T) {
 		Backoff:    func(int, *http.Response) time.Duration { return time.Hour },
 		MaxElapsed: 2 * time.Hour,
 		Logger:     slog.New(&cancelOnRetry{cancel: cancel}),
-		// Sleep is left at its default: the real timer must give way.
+		// The timer is left as it is: the real one must give way.
 	})
 	start := time.Now()
 	_, err := tr.RoundTrip(post(t, ctx, f.srv.URL, `{}`))
@@ -278,7 +276,7 @@ func TestGetBodyFailure(t *testing.T) {
 	boom := errors.New("spool file gone")
 	req.GetBody = func() (io.ReadCloser, error) { return nil, boom }
 	c := newFakeClock()
-	tr := newTransport(t, &idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})
+	tr := newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), Now: c.Now}))
 	_, err := tr.RoundTrip(req)
 	require.ErrorIs(t, err, boom)
 	var rerr *idemclient.RetryError
@@ -306,7 +304,7 @@ func TestConnectionReuse(t *testing.T) {
 			base := &http.Transport{}
 			t.Cleanup(base.CloseIdleConnections)
 			c := newFakeClock()
-			tr := newTransport(t, &idemclient.Options{Base: base, DrainBytes: tt.drain, Sleep: c.Sleep, Now: c.Now})
+			tr := newTransport(t, sleeping(c, &idemclient.Options{Base: base, DrainBytes: tt.drain, Now: c.Now}))
 			resp, err := tr.RoundTrip(post(t, context.Background(), f.srv.URL, `{}`))
 			require.NoError(t, err)
 			_, _ = io.Copy(io.Discard, resp.Body)
@@ -369,11 +367,10 @@ func TestCustomKeyGenerator(t *testing.T) {
 	f := newFlaky(t, status(503))
 	c := newFakeClock()
 	var n atomic.Int32
-	tr := newTransport(t, &idemclient.Options{
+	tr := newTransport(t, sleeping(c, &idemclient.Options{
 		Base:   noReuse(),
-		NewKey: func() (string, error) { n.Add(1); return "gen-key", nil },
-		Sleep:  c.Sleep, Now: c.Now,
-	})
+		NewKey: func() (string, error) { n.Add(1); return "gen-key", nil }, Now: c.Now,
+	}))
 	resp, err := tr.RoundTrip(post(t, context.Background(), f.srv.URL, `{}`))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -403,7 +400,7 @@ func TestUnkeyedRequests(t *testing.T) {
 		t.Run(tt.method, func(t *testing.T) {
 			f := newFlaky(t, status(503))
 			c := newFakeClock()
-			tr := newTransport(t, &idemclient.Options{Base: noReuse(), Sleep: c.Sleep, Now: c.Now})
+			tr := newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), Now: c.Now}))
 			req := request(t, context.Background(), tt.method, f.srv.URL, "x")
 			resp, err := tr.RoundTrip(req)
 			require.NoError(t, err)
@@ -420,7 +417,7 @@ func TestTransportErrorIsTheCause(t *testing.T) {
 	url := f.srv.URL
 	f.srv.Close() // nothing listens any more: every attempt is refused
 	c := newFakeClock()
-	tr := newTransport(t, &idemclient.Options{Base: noReuse(), MaxAttempts: 3, Sleep: c.Sleep, Now: c.Now})
+	tr := newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), MaxAttempts: 3, Now: c.Now}))
 	_, err := tr.RoundTrip(post(t, context.Background(), url, `{}`))
 	var rerr *idemclient.RetryError
 	require.ErrorAs(t, err, &rerr)
@@ -452,16 +449,15 @@ func TestCheckRetryError(t *testing.T) {
 func TestWrappedCheckRetry(t *testing.T) {
 	f := newFlaky(t, status(409))
 	c := newFakeClock()
-	tr := newTransport(t, &idemclient.Options{
+	tr := newTransport(t, sleeping(c, &idemclient.Options{
 		Base: noReuse(),
 		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
 			if resp != nil && resp.StatusCode == http.StatusConflict {
 				return true, nil
 			}
 			return idemclient.DefaultCheckRetry(ctx, resp, err)
-		},
-		Sleep: c.Sleep, Now: c.Now,
-	})
+		}, Now: c.Now,
+	}))
 	resp, err := tr.RoundTrip(post(t, context.Background(), f.srv.URL, `{}`))
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -548,7 +544,7 @@ func TestInsideHTTPClient(t *testing.T) {
 	f := newFlaky(t, status(502))
 	c := newFakeClock()
 	store := &idemclient.MemoryKeyStore{}
-	client := &http.Client{Transport: newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store, Sleep: c.Sleep, Now: c.Now})}
+	client := &http.Client{Transport: newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), KeyStore: store, Now: c.Now}))}
 	ctx := idemclient.WithOperation(context.Background(), "order-7")
 	resp, err := client.Do(post(t, ctx, f.srv.URL, `{"n":7}`))
 	require.NoError(t, err)
@@ -562,7 +558,7 @@ func TestInsideHTTPClient(t *testing.T) {
 
 	// Through http.Client the typed error is still reachable.
 	f2 := newFlaky(t, status(503), status(503))
-	client = &http.Client{Transport: newTransport(t, &idemclient.Options{Base: noReuse(), MaxAttempts: 2, Sleep: c.Sleep, Now: c.Now})}
+	client = &http.Client{Transport: newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), MaxAttempts: 2, Now: c.Now}))}
 	_, err = client.Do(post(t, context.Background(), f2.srv.URL, ""))
 	var rerr *idemclient.RetryError
 	require.ErrorAs(t, err, &rerr)
@@ -577,10 +573,10 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // gets an error, not a panic.
 func TestBrokenBase(t *testing.T) {
 	c := newFakeClock()
-	tr := newTransport(t, &idemclient.Options{
+	tr := newTransport(t, sleeping(c, &idemclient.Options{
 		Base:        roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, nil }),
-		MaxAttempts: 2, Sleep: c.Sleep, Now: c.Now,
-	})
+		MaxAttempts: 2, Now: c.Now,
+	}))
 	_, err := tr.RoundTrip(post(t, context.Background(), "http://example.invalid/", `{}`))
 	var rerr *idemclient.RetryError
 	require.ErrorAs(t, err, &rerr)
