@@ -82,6 +82,15 @@ func testKey(i int) []byte {
 // testNow is the time the tests' records are written and read at.
 var testNow = time.Unix(1_700_000_000, 0)
 
+// read reads the record of key i under its stripe, as the store does.
+func read(tb *Table, i int) (*record.Stored, bool, error) {
+	rk := testKey(i)
+	st := tb.Stripe(rk)
+	st.Lock()
+	defer st.Unlock()
+	return tb.ReadLocked(rk, testNow)
+}
+
 // storeRecords writes records for keys from..to-1, completed for the even
 // ones and in progress for the odd, each under its stripe.
 func storeRecords(t *testing.T, tb *Table, from, to int) {
@@ -110,11 +119,7 @@ func storeRecords(t *testing.T, tb *Table, from, to int) {
 func requireStored(t *testing.T, tb *Table, from, to int) {
 	t.Helper()
 	for i := from; i < to; i++ {
-		rk := testKey(i)
-		st := tb.Stripe(rk)
-		st.Lock()
-		rec, live, err := tb.ReadLocked(rk, testNow)
-		st.Unlock()
+		rec, live, err := read(tb, i)
 		require.NoError(t, err, "key %d", i)
 		require.NotNil(t, rec, "key %d read as absent: the filter lost it", i)
 		assert.True(t, live, "key %d", i)
@@ -210,11 +215,7 @@ func TestFilterGrowsWithTheStoreWhileWritesGoOn(t *testing.T) {
 	assert.Equal(t, int64(writers*each), f.added.Load(), "records the last build found")
 	assert.GreaterOrEqual(t, f.capacity, 2*f.added.Load(), "the filter did not grow with the store")
 	for i := range writers * each {
-		rk := testKey(i)
-		st := tb.Stripe(rk)
-		st.Lock()
-		rec, _, err := tb.ReadLocked(rk, testNow)
-		st.Unlock()
+		rec, _, err := read(tb, i)
 		require.NoError(t, err, "key %d", i)
 		require.NotNil(t, rec, "key %d", i)
 	}
