@@ -140,7 +140,7 @@ SELECT u.*, pg_notify($7, $8) FROM u`
 // TakeOver gives the caller a new lease on a stuck record, as
 // contract.Operator.TakeOver says.
 func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease, error) {
-	if err := sc.Validate(); err != nil {
+	if err := validate(sc); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {

@@ -29,4 +29,3 @@ func TestConformance(t *testing.T) {
 		return open(t, pgtest.DSN(t), &pgstore.Options{Now: now})
 	})
 }
-

@@ -11,9 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -132,6 +134,20 @@ func scrub(err error) error {
 		return errors.New("cannot connect")
 	}
 	return err
+}
+
+// validate checks sc as contract.Scope.Validate does, and that its parts
+// can be stored as PostgreSQL text: valid UTF-8 without NUL bytes.
+func validate(sc contract.Scope) error {
+	if err := sc.Validate(); err != nil {
+		return err
+	}
+	for _, part := range []string{sc.Tenant, sc.Endpoint, sc.Key} {
+		if !utf8.ValidString(part) || strings.IndexByte(part, 0) >= 0 {
+			return fmt.Errorf("%w: pgstore keeps scopes as text: valid UTF-8 without NUL bytes", contract.ErrInvalidScope)
+		}
+	}
+	return nil
 }
 
 // now reads the clock at the database's precision, in UTC, so that a time
@@ -290,7 +306,7 @@ const claimRetries = 8
 
 // Claim tries to take the key in s, as contract.Store.Claim says.
 func (s *Store) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
-	if err := sc.Validate(); err != nil {
+	if err := validate(sc); err != nil {
 		return nil, nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -346,7 +362,7 @@ func (s *Store) answer(rec *contract.Record, fp contract.Fingerprint, now time.T
 
 // Get returns the live record for s, as contract.Store.Get says.
 func (s *Store) Get(ctx context.Context, sc contract.Scope) (*contract.Record, error) {
-	if err := sc.Validate(); err != nil {
+	if err := validate(sc); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {

@@ -201,7 +201,7 @@ func (l *listener) stop() {
 // nothing announces it. While the listener is reconnecting, Wait re-reads
 // the record every half second instead.
 func (s *Store) Wait(ctx context.Context, sc contract.Scope) error {
-	if err := sc.Validate(); err != nil {
+	if err := validate(sc); err != nil {
 		return err
 	}
 	tag := scopeTag(sc)
