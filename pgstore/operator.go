@@ -181,7 +181,7 @@ func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease
 
 // reconcilePickSQL picks one overdue record that no other replica is
 // taking right now (SKIP LOCKED) and grants it a new lease ($2 token, $3
-// its end), so two reconcilers never get the same record.
+// its end, $4 now), so two reconcilers never get the same record.
 const reconcilePickSQL = `
 WITH c AS (
 	SELECT tenant, endpoint, idem_key FROM idempotency_keys
@@ -191,7 +191,7 @@ WITH c AS (
 	FOR UPDATE SKIP LOCKED
 )
 UPDATE idempotency_keys k SET lease_token = $2, lease_until = $3,
-	attempts = k.attempts + 1, updated_at = $1
+	attempts = k.attempts + 1, updated_at = $4
 FROM c
 WHERE k.tenant = c.tenant AND k.endpoint = c.endpoint AND k.idem_key = c.idem_key
 RETURNING k.tenant, k.endpoint, k.idem_key, k.fingerprint, k.state, k.response_status,
@@ -217,8 +217,9 @@ func (s *Store) Reconcile(ctx context.Context) (contract.ReconcileResult, error)
 	if err := s.enter(); err != nil {
 		return res, err
 	}
-	// One now for the pass: a record taken in it leases past now, so the
-	// pass ends even when every reconciler fails.
+	// A record is overdue if it was at the start of the pass: one taken
+	// in the pass leases past that, so the pass ends even when every
+	// reconciler fails.
 	now := s.now()
 	if s.opts.Reconcile == nil {
 		var n int64
@@ -256,15 +257,20 @@ func (s *Store) Reconcile(ctx context.Context) (contract.ReconcileResult, error)
 	}
 }
 
-// takeOverdue takes one overdue record for this reconciler, or returns
-// pgx.ErrNoRows when none is left that another replica is not taking.
-func (s *Store) takeOverdue(ctx context.Context, now time.Time) (*lease, error) {
+// takeOverdue takes one record overdue at pass for this reconciler, or
+// returns pgx.ErrNoRows when none is left that another replica is not
+// taking. Its new lease runs from now, not from the start of the pass.
+func (s *Store) takeOverdue(ctx context.Context, pass time.Time) (*lease, error) {
 	// The notification needs the scope's tag, which is known only once
 	// the row is picked; so pick and take over in a transaction, then
 	// notify before it commits.
 	var out *lease
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		r, err := scanRecord(tx.QueryRow(ctx, reconcilePickSQL, now, newToken(), now.Add(s.opts.Lease)))
+		now := s.now()
+		if now.Before(pass) {
+			now = pass // a clock set back must not end the lease before pass
+		}
+		r, err := scanRecord(tx.QueryRow(ctx, reconcilePickSQL, pass, newToken(), now.Add(s.opts.Lease), now))
 		if err != nil {
 			return err
 		}
