@@ -2,8 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -68,42 +66,6 @@ func within(t *testing.T, woke <-chan error, bound time.Duration) {
 	}
 }
 
-func TestReplicasOneWinner(t *testing.T) {
-	a, b := replicas(t, idemtest.NewClock(), nil)
-	const claimers = 64
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		winners int
-		start   = make(chan struct{})
-	)
-	for i := range claimers {
-		store := a
-		if i%2 == 1 {
-			store = b
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			l, rec, err := store.Claim(t.Context(), scope("k"), fp)
-			switch {
-			case err == nil && l != nil:
-				mu.Lock()
-				winners++
-				mu.Unlock()
-			case err == nil:
-				t.Errorf("a replay (%v) of a key nobody completed", rec)
-			default:
-				assert.ErrorIs(t, err, contract.ErrInProgress)
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	assert.Equal(t, 1, winners)
-}
-
 func TestReplicasWaitWokenAcross(t *testing.T) {
 	a, b := replicas(t, idemtest.NewClock(), nil)
 	l, _, err := a.Claim(t.Context(), scope("k"), fp)
@@ -147,59 +109,4 @@ func TestReplicasWaitSurvivesListenerLoss(t *testing.T) {
 	woke = waitOn(t, b, scope("k2"))
 	require.NoError(t, l.Release(t.Context()))
 	within(t, woke, wakeBound)
-}
-
-func TestReplicasReconcileEachRecordOnce(t *testing.T) {
-	const n = 60
-	clock := idemtest.NewClock()
-	var (
-		mu      sync.Mutex
-		handled = map[string]int{}
-	)
-	reconcile := func(ctx context.Context, l contract.Lease) error {
-		mu.Lock()
-		handled[l.Scope().Key]++
-		mu.Unlock()
-		return l.MarkFailed(ctx)
-	}
-	a, b := replicas(t, clock, func(o *pgstore.Options) { o.Reconcile = reconcile })
-	var lease time.Duration
-	for i := range n {
-		l, _, err := a.Claim(t.Context(), scope(fmt.Sprint("k", i)), fp)
-		require.NoError(t, err)
-		r := l.Record()
-		lease = r.LeaseUntil.Sub(r.CreatedAt)
-	}
-	clock.Advance(lease)
-
-	results := make([]contract.ReconcileResult, 4)
-	var wg sync.WaitGroup
-	for i := range results {
-		store := a
-		if i%2 == 1 {
-			store = b
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var err error
-			results[i], err = store.Reconcile(t.Context())
-			assert.NoError(t, err)
-		}()
-	}
-	wg.Wait()
-	total, resolved := 0, 0
-	for _, r := range results {
-		total += r.Overdue
-		resolved += r.Resolved
-	}
-	assert.Equal(t, n, total, "overdue records taken, over all passes")
-	assert.Equal(t, n, resolved)
-	require.Len(t, handled, n)
-	for key, times := range handled {
-		assert.Equal(t, 1, times, "record %s handed out %d times", key, times)
-	}
-	overdue, err := b.Overdue(t.Context(), 0)
-	require.NoError(t, err)
-	assert.Empty(t, overdue)
 }
