@@ -23,13 +23,15 @@ type migration struct {
 }
 
 // migrations are the schema's steps, in order. State codes are those of
-// contract.State: 1 in_progress, 2 completed, 3 failed, 4 unknown.
+// contract.State: 1 in_progress, 2 completed, 3 failed, 4 unknown. The
+// scope's columns compare bytes (COLLATE "C"), as Go compares strings,
+// whatever the database's locale.
 var migrations = []migration{
 	{1, "idempotency_keys", `
 CREATE TABLE idempotency_keys (
-	tenant           text        NOT NULL,
-	endpoint         text        NOT NULL,
-	idem_key         text        NOT NULL,
+	tenant           text        COLLATE "C" NOT NULL,
+	endpoint         text        COLLATE "C" NOT NULL,
+	idem_key         text        COLLATE "C" NOT NULL,
 	fingerprint      bytea       NOT NULL,
 	state            smallint    NOT NULL CHECK (state BETWEEN 1 AND 4),
 	response_status  int,

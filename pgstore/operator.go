@@ -25,14 +25,16 @@ ORDER BY tenant, endpoint, idem_key
 LIMIT $10`
 
 // Records returns the records f selects, as contract.Operator.Records
-// says, ordered by tenant, endpoint and key. Bodies over 64 KiB are left
+// says, ordered by tenant, endpoint and key, byte by byte. Bodies over 64 KiB are left
 // out (Body nil, BodyLen set); Get returns them. The listing is read a
 // page at a time, so it is not one snapshot: a record changed during the
 // loop may be seen before or after the change.
 func (s *Store) Records(ctx context.Context, f contract.Filter) iter.Seq2[*contract.Record, error] {
 	return func(yield func(*contract.Record, error) bool) {
+		// Each page starts after the last scope of the one before. Every
+		// scope sorts after the zero Scope, which cannot be stored: its key
+		// is empty.
 		var after contract.Scope
-		first := true
 		for {
 			if err := ctx.Err(); err != nil {
 				yield(nil, err)
@@ -49,13 +51,8 @@ func (s *Store) Records(ctx context.Context, f contract.Filter) iter.Seq2[*contr
 				// last word.
 				before = f.CreatedBefore.Add(time.Microsecond)
 			}
-			from := []any{after.Tenant, after.Endpoint, after.Key}
-			if first {
-				// Every scope sorts after ("", "", ""), except itself, which
-				// has an empty key and so cannot exist.
-				from = []any{"", "", ""}
-			}
-			rows, err := s.pool.Query(ctx, listSQL, append(from, f.Tenant, f.Endpoint, int16(f.State), before, f.Expired, now, listPage)...)
+			rows, err := s.pool.Query(ctx, listSQL, after.Tenant, after.Endpoint, after.Key,
+				f.Tenant, f.Endpoint, int16(f.State), before, f.Expired, now, listPage)
 			if err != nil {
 				yield(nil, s.fail("records", err))
 				return
@@ -83,7 +80,7 @@ func (s *Store) Records(ctx context.Context, f contract.Filter) iter.Seq2[*contr
 			if len(page) < listPage {
 				return
 			}
-			after, first = page[len(page)-1].Scope, false
+			after = page[len(page)-1].Scope
 		}
 	}
 }

@@ -122,3 +122,26 @@ func TestSweepBatchesAndTakesTurns(t *testing.T) {
 		assert.Positive(t, v, name)
 	}
 }
+
+func TestRecordsPages(t *testing.T) {
+	const n = 250 // more than two pages
+	s := open(t, pgtest.DSN(t), &pgstore.Options{Now: idemtest.NewClock().Now})
+	var want []string
+	for i := range n {
+		key := fmt.Sprintf("k%03d", i)
+		want = append(want, key)
+		_, _, err := s.Claim(t.Context(), scope(key), fp)
+		require.NoError(t, err)
+	}
+	var got []string
+	for rec, err := range s.Records(t.Context(), contract.Filter{Tenant: "acme"}) {
+		require.NoError(t, err)
+		got = append(got, rec.Scope.Key)
+		if len(got) == n/2 {
+			// The loop may use the store: no connection is held between pages.
+			_, err := s.Get(t.Context(), scope("k000"))
+			require.NoError(t, err)
+		}
+	}
+	assert.Equal(t, want, got)
+}

@@ -202,8 +202,8 @@ const columns = `tenant, endpoint, idem_key, fingerprint, state, response_status
 	response_headers, response_body, body_len, body_digest, body_omitted,
 	lease_token, lease_until, attempts, created_at, updated_at, expires_at`
 
-// listColumns are columns with bodies above listBodyBytes left out, for
-// listings that may return many records.
+// listColumns are columns with bodies over 64 KiB left out, for listings
+// that may return many records.
 const listColumns = `tenant, endpoint, idem_key, fingerprint, state, response_status,
 	response_headers, CASE WHEN body_len <= 65536 THEN response_body END, body_len, body_digest, body_omitted,
 	lease_token, lease_until, attempts, created_at, updated_at, expires_at`
