@@ -1,0 +1,64 @@
+// Package pgstore keeps idempotency records in PostgreSQL, so that many
+// replicas of a service share them: a key claimed on one replica is in
+// progress on all of them, and a response stored by one is replayed by
+// all. It implements contract.Operator and passes the same conformance
+// suite (idemtest.TestStore) as the embedded store of package idem.
+//
+// # Basics
+//
+// Open connects, brings the schema up to date and returns a *Store:
+//
+//	s, err := pgstore.Open(ctx, "postgres://app@db/app", nil)
+//	...
+//	defer s.Close()
+//	l, rec, err := s.Claim(ctx, scope, fingerprint)
+//
+// The records live in one table, idempotency_keys, with one row per
+// (tenant, endpoint, key): the fingerprint, the state, the stored
+// response, the lease (token and end), the attempt count and the
+// creation, update and expiry times. The schema is applied by numbered
+// migrations recorded in idem_schema_migrations; Options.Migrate can
+// forbid Open to apply them.
+//
+// # Guarantees
+//
+// The primary key is the concurrency control. A claim is one INSERT ...
+// ON CONFLICT DO UPDATE that replaces the row only when it has expired,
+// so of any number of callers on any number of replicas exactly one wins
+// a fresh or expired key. Every lease call names the lease's token in its
+// WHERE: a holder whose record was taken over, released or expired
+// changes nothing and gets contract.ErrLeaseLost. Completed responses and
+// fingerprints are never overwritten.
+//
+// Each end of a lease (complete, release, mark, take-over) sends a
+// NOTIFY in the same statement or transaction. Each Store keeps one
+// connection that LISTENs and wakes the waiters of the scope named; if
+// that connection is lost, waiters re-read their records every half
+// second until it is back.
+//
+// Reconcile takes overdue records one at a time with FOR UPDATE SKIP
+// LOCKED, so replicas reconciling at once never hand one record to two
+// reconcilers. Sweep deletes expired records a thousand per statement,
+// one replica at a time (an advisory lock).
+//
+// # Time and clocks
+//
+// Every time the store writes or compares comes from Options.Now on the
+// replica that makes the call, never from the database server. Replicas
+// must therefore keep their clocks close: a replica whose clock runs
+// ahead by d sees every lease end d early, and may answer outcome_pending
+// or hand a record to its reconciler while the holder is still working
+// (the holder then gets ErrLeaseLost and its outcome is not stored). Keep
+// the skew a small fraction of Options.Lease; NTP keeps it within
+// milliseconds, against a default lease of 30 seconds. TTLs are affected
+// the same way, which matters little at their length. Times are stored
+// to the microsecond.
+//
+// # Limits
+//
+// The tenant, endpoint and key are stored as text: a scope that is not
+// valid UTF-8 or holds a NUL byte is refused with contract.ErrInvalidScope. Response headers are stored as JSON, so header values that are
+// not valid UTF-8 come back with replacement characters. Errors from the
+// database are returned wrapped ("pgstore: claim: ..."); none repeats
+// the DSN.
+package pgstore

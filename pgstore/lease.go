@@ -1,0 +1,159 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkv/idem/contract"
+)
+
+// lease is a Store's contract.Lease. Every call names the lease's token in
+// its WHERE, so it changes the record only while the record is in
+// progress, unexpired and still this lease's: any other writer (a
+// take-over, a new claim after a release or after expiry) changed the
+// token or the state.
+type lease struct {
+	s     *Store
+	scope contract.Scope
+	token []byte
+	start time.Time // when the lease was granted, for event latencies
+
+	// mu serializes the calls and guards rec.
+	mu  sync.Mutex
+	rec contract.Record // the record as this lease last wrote it
+}
+
+func (l *lease) Scope() contract.Scope { return l.scope }
+
+func (l *lease) Record() contract.Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return cloneRecord(l.rec)
+}
+
+// mine is the WHERE of every lease call: $1-$3 the scope, $4 the token,
+// $5 now.
+const mine = `tenant = $1 AND endpoint = $2 AND idem_key = $3
+	AND lease_token = $4 AND state = 1 AND expires_at > $5`
+
+// settleSQL ends a lease with a state ($6) and, for a completion, a
+// response ($7-$12), and announces it to waiters ($13, $14) in the same
+// statement.
+const settleSQL = `
+WITH u AS (
+	UPDATE idempotency_keys SET state = $6, response_status = $7, response_headers = $8,
+		response_body = $9, body_len = $10, body_digest = $11, body_omitted = $12,
+		lease_until = $5, updated_at = $5
+	WHERE ` + mine + `
+	RETURNING ` + columns + `
+)
+SELECT u.*, pg_notify($13, $14) FROM u`
+
+const releaseSQL = `
+WITH d AS (DELETE FROM idempotency_keys WHERE ` + mine + ` RETURNING 1)
+SELECT pg_notify($6, $7) FROM d`
+
+const extendSQL = `
+UPDATE idempotency_keys SET lease_until = $6, updated_at = $5
+WHERE ` + mine + `
+RETURNING ` + columns
+
+// Complete stores resp, keeping a body up to Options.MaxBodyBytes and
+// only its length and digest beyond that.
+func (l *lease) Complete(ctx context.Context, resp contract.Response) error {
+	if resp.Status < 100 || resp.Status > 999 {
+		return fmt.Errorf("%w: status %d is outside 100-999", contract.ErrInvalidResponse, resp.Status)
+	}
+	hdr, err := encodeHeader(resp.Header)
+	if err != nil {
+		return fmt.Errorf("%w: headers: %v", contract.ErrInvalidResponse, err)
+	}
+	digest := sha256.Sum256(resp.Body)
+	body, omitted := resp.Body, int64(len(resp.Body)) > l.s.opts.MaxBodyBytes
+	if omitted || len(body) == 0 {
+		body = nil
+	}
+	return l.settle(ctx, contract.StateCompleted, contract.EventCompleted,
+		int32(resp.Status), hdr, body, int64(len(resp.Body)), digest[:], omitted)
+}
+
+func (l *lease) MarkUnknown(ctx context.Context) error {
+	return l.settle(ctx, contract.StateUnknown, contract.EventUnknown, nil, nil, nil, 0, nil, false)
+}
+
+func (l *lease) MarkFailed(ctx context.Context) error {
+	return l.settle(ctx, contract.StateFailed, contract.EventFailed, nil, nil, nil, 0, nil, false)
+}
+
+// settle moves the record out of progress into st.
+func (l *lease) settle(ctx context.Context, st contract.State, e contract.Event, status any, hdr, body []byte, bodyLen int64, digest []byte, omitted bool) error {
+	return l.call(ctx, func(now time.Time) error {
+		r, err := scanRecord(l.s.pool.QueryRow(ctx, settleSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+			int16(st), status, hdr, body, bodyLen, digest, omitted, notifyChannel, scopeTag(l.scope)), nil)
+		if err != nil {
+			return err
+		}
+		l.rec = r.rec
+		l.s.note(e, &r.rec, l.start)
+		return nil
+	})
+}
+
+// Release deletes the record, freeing the key.
+func (l *lease) Release(ctx context.Context) error {
+	return l.call(ctx, func(now time.Time) error {
+		tag, err := l.s.pool.Exec(ctx, releaseSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+			notifyChannel, scopeTag(l.scope))
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return pgx.ErrNoRows
+		}
+		l.rec = contract.Record{Scope: l.scope, Fingerprint: l.rec.Fingerprint}
+		l.s.note(contract.EventReleased, &l.rec, l.start)
+		return nil
+	})
+}
+
+// Extend pushes the end of the lease one Options.Lease from now.
+func (l *lease) Extend(ctx context.Context) error {
+	return l.call(ctx, func(now time.Time) error {
+		r, err := scanRecord(l.s.pool.QueryRow(ctx, extendSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+			now.Add(l.s.opts.Lease)))
+		if err != nil {
+			return err
+		}
+		l.rec = r.rec
+		return nil
+	})
+}
+
+// call runs one lease call under mu once ctx and the store allow it. A
+// statement that matches no row means the record is no longer this
+// lease's: ErrLeaseLost.
+func (l *lease) call(ctx context.Context, fn func(now time.Time) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := l.s.enter(); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	err := fn(l.s.now())
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return contract.ErrLeaseLost
+	default:
+		return l.s.fail("lease", err)
+	}
+}

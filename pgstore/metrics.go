@@ -1,0 +1,61 @@
+package pgstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemkv/idem/contract"
+)
+
+const metricsSQL = `SELECT
+	count(*) FILTER (WHERE state = 1),
+	count(*) FILTER (WHERE state = 1 AND lease_until <= $1),
+	min(created_at) FILTER (WHERE state = 1),
+	count(*) FILTER (WHERE state = 4),
+	count(*) FILTER (WHERE state = 3),
+	count(*) FILTER (WHERE expires_at <= $1),
+	pg_total_relation_size('idempotency_keys')
+FROM idempotency_keys`
+
+// Metrics returns the event counts of this process since Open, and the
+// stored records that are not completed, expired ones included until a
+// sweep deletes them, counted over the whole table (every replica's). The
+// record counts read the table: call it at a scrape's pace, not per
+// request. Engine holds idem_pg_table_bytes (the table with its indexes
+// and TOAST), the pool's connections and whether the listener is
+// connected.
+func (s *Store) Metrics(ctx context.Context) (contract.Metrics, error) {
+	var m contract.Metrics
+	if err := ctx.Err(); err != nil {
+		return m, err
+	}
+	if err := s.enter(); err != nil {
+		return m, err
+	}
+	now := s.now()
+	var (
+		oldest     *time.Time
+		tableBytes int64
+	)
+	if err := s.pool.QueryRow(ctx, metricsSQL, now).Scan(&m.InProgress, &m.Overdue, &oldest,
+		&m.UnknownRecords, &m.FailedRecords, &m.Expired, &tableBytes); err != nil {
+		return m, s.fail("metrics", err)
+	}
+	if oldest != nil {
+		m.OldestInProgress = max(0, now.Sub(*oldest))
+	}
+	m.Events = s.tally.Counts()
+	m.BytesReclaimed = s.reclaimed.Load()
+	ps := s.pool.Stat()
+	connected := 0.0
+	if s.listener.listenerPID() != 0 {
+		connected = 1
+	}
+	m.Engine = []contract.Figure{
+		{Name: "idem_pg_table_bytes", Help: "Bytes of the idempotency_keys table with its indexes and TOAST.", Value: float64(tableBytes)},
+		{Name: "idem_pg_pool_acquired_conns", Help: "Pool connections in use now.", Value: float64(ps.AcquiredConns())},
+		{Name: "idem_pg_pool_total_conns", Help: "Pool connections open now.", Value: float64(ps.TotalConns())},
+		{Name: "idem_pg_listener_connected", Help: "1 while the connection that wakes waiters is listening, else 0.", Value: connected},
+	}
+	return m, nil
+}

@@ -1,0 +1,184 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrSchemaBehind: the database schema lacks migrations this package
+// needs, and Options.Migrate forbade applying them.
+var ErrSchemaBehind = errors.New("pgstore: database schema is behind")
+
+// migration is one step of the schema. Steps are never edited once
+// released; a change is a new step.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// migrations are the schema's steps, in order. State codes are those of
+// contract.State: 1 in_progress, 2 completed, 3 failed, 4 unknown. The
+// scope's columns compare bytes (COLLATE "C"), as Go compares strings,
+// whatever the database's locale.
+var migrations = []migration{
+	{1, "idempotency_keys", `
+CREATE TABLE idempotency_keys (
+	tenant           text        COLLATE "C" NOT NULL,
+	endpoint         text        COLLATE "C" NOT NULL,
+	idem_key         text        COLLATE "C" NOT NULL,
+	fingerprint      bytea       NOT NULL,
+	state            smallint    NOT NULL CHECK (state BETWEEN 1 AND 4),
+	response_status  int,
+	response_headers jsonb,
+	response_body    bytea,
+	body_len         bigint      NOT NULL DEFAULT 0,
+	body_digest      bytea,
+	body_omitted     boolean     NOT NULL DEFAULT false,
+	lease_token      bytea       NOT NULL,
+	lease_until      timestamptz NOT NULL,
+	attempts         int         NOT NULL,
+	created_at       timestamptz NOT NULL,
+	updated_at       timestamptz NOT NULL,
+	expires_at       timestamptz NOT NULL,
+	PRIMARY KEY (tenant, endpoint, idem_key)
+);
+CREATE INDEX idempotency_keys_expires_at ON idempotency_keys (expires_at);
+CREATE INDEX idempotency_keys_unsettled ON idempotency_keys (lease_until) WHERE state <> 2;
+`},
+}
+
+// schemaVersion is the version this package needs.
+func schemaVersion() int { return migrations[len(migrations)-1].version }
+
+// migrationsTable records the applied versions.
+const migrationsTable = "idem_schema_migrations"
+
+// Advisory lock keys, one per purpose, shared by every replica.
+const (
+	lockMigrate int64 = 0x6964656d0001 // "idem" 1
+	lockSweep   int64 = 0x6964656d0002 // "idem" 2
+)
+
+// migrate brings the schema up to date, or checks that it is, as mode
+// says. It returns the versions it applied.
+func migrate(ctx context.Context, pool *pgxpool.Pool, mode MigrateMode) ([]int, error) {
+	if mode == MigrateRefuse {
+		have, err := appliedVersions(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
+		if missing := missingVersions(have); len(missing) > 0 {
+			return nil, fmt.Errorf("%w: this build needs schema version %d; the database lacks %s (open with Migrate: MigrateApply to apply them)",
+				ErrSchemaBehind, schemaVersion(), versionList(missing))
+		}
+		return nil, nil
+	}
+	var applied []int
+	for {
+		// One transaction per step, each under the lock, so a replica that
+		// waited for another sees what it applied.
+		v, err := migrateStep(ctx, pool)
+		if err != nil {
+			return applied, err
+		}
+		if v == 0 {
+			return applied, nil
+		}
+		applied = append(applied, v)
+	}
+}
+
+// migrateStep applies the first missing migration in one transaction and
+// returns its version, or 0 when none is missing.
+func migrateStep(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var version int
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockMigrate); err != nil {
+			return fmt.Errorf("pgstore: lock for migration: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+migrationsTable+
+			" (version int PRIMARY KEY, name text NOT NULL)"); err != nil {
+			return fmt.Errorf("pgstore: create %s: %w", migrationsTable, err)
+		}
+		have, err := queryVersions(ctx, tx)
+		if err != nil {
+			return err
+		}
+		missing := missingVersions(have)
+		if len(missing) == 0 {
+			return nil
+		}
+		for _, m := range migrations {
+			if m.version != missing[0] {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				return fmt.Errorf("pgstore: migration %d (%s): %w", m.version, m.name, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+migrationsTable+" (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
+				return fmt.Errorf("pgstore: record migration %d: %w", m.version, err)
+			}
+			version = m.version
+		}
+		return nil
+	})
+	return version, err
+}
+
+// appliedVersions reads the applied versions without creating anything.
+func appliedVersions(ctx context.Context, pool *pgxpool.Pool) (map[int]bool, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", migrationsTable).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("pgstore: read schema version: %w", err)
+	}
+	if !exists {
+		return map[int]bool{}, nil
+	}
+	return queryVersions(ctx, pool)
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func queryVersions(ctx context.Context, q querier) (map[int]bool, error) {
+	rows, err := q.Query(ctx, "SELECT version FROM "+migrationsTable)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: read schema version: %w", err)
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: read schema version: %w", err)
+	}
+	have := make(map[int]bool, len(vs))
+	for _, v := range vs {
+		have[int(v)] = true
+	}
+	return have, nil
+}
+
+// missingVersions returns the versions of migrations not in have, in
+// order.
+func missingVersions(have map[int]bool) []int {
+	var missing []int
+	for _, m := range migrations {
+		if !have[m.version] {
+			missing = append(missing, m.version)
+		}
+	}
+	return missing
+}
+
+func versionList(vs []int) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = fmt.Sprint(v)
+	}
+	return "version " + strings.Join(s, ", ")
+}

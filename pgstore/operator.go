@@ -1,0 +1,285 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkv/idem/contract"
+)
+
+// listPage is how many records Records reads per query. Between pages it
+// holds no connection, so the caller's loop may use the store.
+const listPage = 100
+
+const listSQL = `SELECT ` + listColumns + ` FROM idempotency_keys
+WHERE (tenant, endpoint, idem_key) > ($1, $2, $3)
+	AND ($4 = '' OR tenant = $4) AND ($5 = '' OR endpoint = $5) AND ($6 = 0 OR state = $6)
+	AND ($7::timestamptz IS NULL OR created_at < $7)
+	AND ($8 OR expires_at > $9)
+ORDER BY tenant, endpoint, idem_key
+LIMIT $10`
+
+// Records returns the records f selects, as contract.Operator.Records
+// says, ordered by tenant, endpoint and key, byte by byte. Bodies over 64 KiB are left
+// out (Body nil, BodyLen set); Get returns them. The listing is read a
+// page at a time, so it is not one snapshot: a record changed during the
+// loop may be seen before or after the change.
+func (s *Store) Records(ctx context.Context, f contract.Filter) iter.Seq2[*contract.Record, error] {
+	return func(yield func(*contract.Record, error) bool) {
+		// Each page starts after the last scope of the one before. Every
+		// scope sorts after the zero Scope, which cannot be stored: its key
+		// is empty.
+		var after contract.Scope
+		for {
+			if err := ctx.Err(); err != nil {
+				yield(nil, err)
+				return
+			}
+			if err := s.enter(); err != nil {
+				yield(nil, err)
+				return
+			}
+			now := s.now()
+			var before any
+			if !f.CreatedBefore.IsZero() {
+				// The database keeps microseconds; Match below has the
+				// last word.
+				before = f.CreatedBefore.Add(time.Microsecond)
+			}
+			rows, err := s.pool.Query(ctx, listSQL, after.Tenant, after.Endpoint, after.Key,
+				f.Tenant, f.Endpoint, int16(f.State), before, f.Expired, now, listPage)
+			if err != nil {
+				yield(nil, s.fail("records", err))
+				return
+			}
+			var page []*contract.Record
+			for rows.Next() {
+				r, err := scanRecord(rows)
+				if err != nil {
+					rows.Close()
+					yield(nil, s.fail("records", err))
+					return
+				}
+				page = append(page, &r.rec)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				yield(nil, s.fail("records", err))
+				return
+			}
+			for _, rec := range page {
+				if f.Match(rec, now) && !yield(rec, nil) {
+					return
+				}
+			}
+			if len(page) < listPage {
+				return
+			}
+			after = page[len(page)-1].Scope
+		}
+	}
+}
+
+const overdueSQL = `SELECT ` + columns + ` FROM idempotency_keys
+WHERE state = 1 AND lease_until <= $1 AND expires_at > $1
+ORDER BY lease_until, tenant, endpoint, idem_key
+LIMIT $2`
+
+// Overdue returns up to limit in-progress records whose lease has run out
+// (limit <= 0: all), oldest lease first.
+func (s *Store) Overdue(ctx context.Context, limit int) ([]*contract.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	var lim any
+	if limit > 0 {
+		lim = limit
+	}
+	rows, err := s.pool.Query(ctx, overdueSQL, s.now(), lim)
+	if err != nil {
+		return nil, s.fail("overdue", err)
+	}
+	defer rows.Close()
+	var out []*contract.Record
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, s.fail("overdue", err)
+		}
+		out = append(out, &r.rec)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, s.fail("overdue", err)
+	}
+	return out, nil
+}
+
+// takeOverSQL grants a new lease ($4 token, $6 its end) on a record that
+// is unknown, failed, or in progress past its lease, and announces it.
+const takeOverSQL = `
+WITH u AS (
+	UPDATE idempotency_keys SET state = 1, lease_token = $4, lease_until = $6,
+		attempts = attempts + 1, updated_at = $5
+	WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $5
+		AND (state IN (3, 4) OR (state = 1 AND lease_until <= $5))
+	RETURNING ` + columns + `
+)
+SELECT u.*, pg_notify($7, $8) FROM u`
+
+// TakeOver gives the caller a new lease on a stuck record, as
+// contract.Operator.TakeOver says.
+func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease, error) {
+	if err := validate(sc); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	for range claimRetries {
+		now := s.now()
+		token := newToken()
+		r, err := scanRecord(s.pool.QueryRow(ctx, takeOverSQL, sc.Tenant, sc.Endpoint, sc.Key, token, now,
+			now.Add(s.opts.Lease), notifyChannel, scopeTag(sc)), nil)
+		if err == nil {
+			s.note(contract.EventTakenOver, &r.rec, time.Time{})
+			return &lease{s: s, scope: sc, token: r.token, start: now, rec: r.rec}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, s.fail("take-over", err)
+		}
+		// Say why not from the record as it is now.
+		r, err = scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil, contract.ErrNotFound
+		case err != nil:
+			return nil, s.fail("take-over", err)
+		case r.rec.State == contract.StateCompleted:
+			return nil, fmt.Errorf("%w (tenant %q, endpoint %q)", contract.ErrCompleted, sc.Tenant, sc.Endpoint)
+		case r.rec.State == contract.StateInProgress && now.Before(r.rec.LeaseUntil):
+			return nil, &contract.KeyError{Err: contract.ErrInProgress, State: r.rec.State,
+				RetryAfter: r.rec.LeaseUntil.Sub(now), Tenant: sc.Tenant, Endpoint: sc.Endpoint}
+		}
+		// The record became stuck between the two statements: try again.
+	}
+	return nil, fmt.Errorf("pgstore: take-over: the record kept changing under %d attempts", claimRetries)
+}
+
+// reconcilePickSQL picks one overdue record that no other replica is
+// taking right now (SKIP LOCKED) and grants it a new lease ($2 token, $3
+// its end, $4 now), so two reconcilers never get the same record.
+const reconcilePickSQL = `
+WITH c AS (
+	SELECT tenant, endpoint, idem_key FROM idempotency_keys
+	WHERE state = 1 AND lease_until <= $1 AND expires_at > $1
+	ORDER BY lease_until
+	LIMIT 1
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE idempotency_keys k SET lease_token = $2, lease_until = $3,
+	attempts = k.attempts + 1, updated_at = $4
+FROM c
+WHERE k.tenant = c.tenant AND k.endpoint = c.endpoint AND k.idem_key = c.idem_key
+RETURNING k.tenant, k.endpoint, k.idem_key, k.fingerprint, k.state, k.response_status,
+	k.response_headers, k.response_body, k.body_len, k.body_digest, k.body_omitted,
+	k.lease_token, k.lease_until, k.attempts, k.created_at, k.updated_at, k.expires_at`
+
+const countOverdueSQL = `SELECT count(*) FROM idempotency_keys
+WHERE state = 1 AND lease_until <= $1 AND expires_at > $1`
+
+// Reconcile hands overdue records to Options.Reconcile, each under a
+// fresh lease (a new token, Attempts+1), so a holder that was only slow
+// gets ErrLeaseLost instead of racing the reconciler. Records are taken
+// one at a time with FOR UPDATE SKIP LOCKED: replicas reconciling at once
+// share the work and never hand the same record to two reconcilers.
+// Overdue counts the records this call took; a reconciler's error leaves
+// its record to come due again one lease later. Without a reconciler the
+// overdue records are only counted.
+func (s *Store) Reconcile(ctx context.Context) (contract.ReconcileResult, error) {
+	var res contract.ReconcileResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	if err := s.enter(); err != nil {
+		return res, err
+	}
+	// A record is overdue if it was at the start of the pass: one taken
+	// in the pass leases past that, so the pass ends even when every
+	// reconciler fails.
+	now := s.now()
+	if s.opts.Reconcile == nil {
+		var n int64
+		if err := s.pool.QueryRow(ctx, countOverdueSQL, now).Scan(&n); err != nil {
+			return res, s.fail("reconcile", err)
+		}
+		res.Overdue = int(n)
+		if n > 0 {
+			s.opts.Logger.Warn("pgstore: claims overdue and no reconciler; their outcome is unknown until resolved", "overdue", n)
+		}
+		return res, nil
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		l, err := s.takeOverdue(ctx, now)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return res, nil
+		}
+		if err != nil {
+			return res, s.fail("reconcile", err)
+		}
+		res.Overdue++
+		rec := l.Record()
+		if err := s.opts.Reconcile(ctx, l); err != nil {
+			s.opts.Logger.Warn("pgstore: reconciler failed", "tenant", rec.Scope.Tenant,
+				"endpoint", rec.Scope.Endpoint, "key_hash", contract.KeyHash(rec.Scope.Key), "err", err)
+			continue
+		}
+		if after := l.Record(); after.State != contract.StateInProgress {
+			res.Resolved++
+			s.note(contract.EventReconciled, &after, l.start)
+		}
+	}
+}
+
+// takeOverdue takes one record overdue at pass for this reconciler, or
+// returns pgx.ErrNoRows when none is left that another replica is not
+// taking. Its new lease runs from now, not from the start of the pass.
+func (s *Store) takeOverdue(ctx context.Context, pass time.Time) (*lease, error) {
+	// The notification needs the scope's tag, which is known only once
+	// the row is picked; so pick and take over in a transaction, then
+	// notify before it commits.
+	var out *lease
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		now := s.now()
+		if now.Before(pass) {
+			now = pass // a clock set back must not end the lease before pass
+		}
+		r, err := scanRecord(tx.QueryRow(ctx, reconcilePickSQL, pass, newToken(), now.Add(s.opts.Lease), now))
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", notifyChannel, scopeTag(r.rec.Scope)); err != nil {
+			return err
+		}
+		out = &lease{s: s, scope: r.rec.Scope, token: r.token, start: now, rec: r.rec}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.note(contract.EventTakenOver, &out.rec, time.Time{})
+	return out, nil
+}

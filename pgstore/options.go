@@ -1,0 +1,125 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"time"
+
+	"github.com/idemkv/idem/contract"
+)
+
+// Options configure a Store. A nil *Options selects every default, and
+// so does the zero value of each field.
+type Options struct {
+	// Now is the clock. Every time the store writes or compares comes from
+	// it, never from the database server, so tests can move time by hand.
+	// Replicas should keep their clocks close: see the package doc.
+	// Default: time.Now.
+	Now func() time.Time
+
+	// Lease is how long a claim is held before it counts as abandoned.
+	// Default: 30 seconds.
+	Lease time.Duration
+
+	// TTL is how long a record is kept after it is claimed.
+	// Default: 24 hours.
+	TTL time.Duration
+
+	// EndpointTTL overrides TTL for the endpoints it names. Default: none.
+	EndpointTTL map[string]time.Duration
+
+	// MaxBodyBytes is the largest response body kept, at most 256 MiB. A
+	// larger one is dropped: the record keeps its length and SHA-256
+	// digest and says BodyOmitted. Default: 4 MiB.
+	MaxBodyBytes int64
+
+	// Reconcile is handed each overdue record, under a fresh lease, by
+	// Store.Reconcile. It should find out what the earlier attempt did
+	// and record it (Complete, MarkFailed, MarkUnknown) or Release the
+	// key. An error leaves the record for a later pass. Default: none;
+	// overdue records are only counted.
+	Reconcile func(ctx context.Context, l contract.Lease) error
+
+	// Events, when set, gets one Info line per event (contract.LogEvent).
+	// Default: none.
+	Events *slog.Logger
+
+	// Logger gets the store's warnings: a lost listener connection, a
+	// failed reconciler. Default: slog.Default().
+	Logger *slog.Logger
+
+	// Migrate says what Open does when the database schema is older than
+	// this package. Default: MigrateApply.
+	Migrate MigrateMode
+}
+
+// MigrateMode says whether Open may change the database schema.
+type MigrateMode uint8
+
+const (
+	// MigrateApply applies the missing migrations, one transaction each,
+	// under an advisory lock so that replicas opening at once take turns.
+	MigrateApply MigrateMode = iota
+	// MigrateRefuse makes Open fail with ErrSchemaBehind, naming the
+	// missing versions, instead of changing the schema; for deployments
+	// where migrations run as a separate step.
+	MigrateRefuse
+)
+
+// maxBodyLimit bounds MaxBodyBytes well below PostgreSQL's 1 GiB limit on
+// one value.
+const maxBodyLimit = 256 << 20
+
+// withDefaults validates o and returns a copy with the defaults filled
+// in. Its error lists every bad field and matches
+// contract.ErrInvalidOptions.
+func (o *Options) withDefaults() (Options, error) {
+	var c Options
+	if o != nil {
+		c = *o
+	}
+	c.EndpointTTL = maps.Clone(c.EndpointTTL)
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: pgstore: "+format, append([]any{contract.ErrInvalidOptions}, args...)...))
+	}
+	if c.Lease < 0 {
+		bad("Lease %s is negative", c.Lease)
+	}
+	if c.TTL < 0 {
+		bad("TTL %s is negative", c.TTL)
+	}
+	for ep, ttl := range c.EndpointTTL {
+		if ttl <= 0 {
+			bad("EndpointTTL[%q] %s must be positive", ep, ttl)
+		}
+	}
+	if c.MaxBodyBytes < 0 || c.MaxBodyBytes > maxBodyLimit {
+		bad("MaxBodyBytes %d is outside 0-%d", c.MaxBodyBytes, maxBodyLimit)
+	}
+	if c.Migrate > MigrateRefuse {
+		bad("Migrate %d is not a MigrateMode", c.Migrate)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Lease == 0 {
+		c.Lease = 30 * time.Second
+	}
+	if c.TTL == 0 {
+		c.TTL = 24 * time.Hour
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 4 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}

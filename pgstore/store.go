@@ -1,0 +1,396 @@
+package pgstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkv/idem/contract"
+)
+
+// Store is a contract.Operator on a PostgreSQL table that many replicas
+// share. Open returns one; it is safe for concurrent use. Records it
+// returns are copies the caller owns.
+type Store struct {
+	opts     Options
+	pool     *pgxpool.Pool
+	listener *listener
+
+	tally     contract.Tally
+	reclaimed atomic.Int64 // bytes of the records swept since Open
+
+	closed    atomic.Bool
+	closing   chan struct{} // closed by Close, to wake waiters
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ contract.Operator = (*Store)(nil)
+
+// Open connects to the database dsn names, brings its schema up to date
+// (or checks it, as Options.Migrate says) and returns the store. It keeps
+// a pool of connections and one more connection that listens for the
+// notifications that wake Wait. Errors never repeat the DSN.
+func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: parse DSN: %w", scrub(err))
+	}
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "idem-pgstore"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: open pool: %w", scrub(err))
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("pgstore: connect: %w", scrub(err))
+	}
+	applied, err := migrate(ctx, pool, o.Migrate)
+	if err != nil {
+		pool.Close()
+		return nil, scrub(err)
+	}
+	if len(applied) > 0 {
+		o.Logger.Info("pgstore: applied schema migrations", "versions", applied)
+	}
+	s := &Store{opts: o, pool: pool, closing: make(chan struct{})}
+	lcfg := cfg.ConnConfig.Copy()
+	lcfg.RuntimeParams["application_name"] = listenerAppName
+	s.listener, err = startListener(ctx, lcfg, o.Logger)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close stops the listener, wakes every waiter and closes the pool.
+// Leases still held become unusable (ErrClosed); their records stay in
+// progress for reconciliation. Later calls return the first one's result.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.closing)
+		s.listener.stop()
+		s.pool.Close()
+	})
+	return s.closeErr
+}
+
+// enter reports ErrClosed once Close has run.
+func (s *Store) enter() error {
+	if s.closed.Load() {
+		return contract.ErrClosed
+	}
+	return nil
+}
+
+// fail wraps an error from the database. A call that fails because Close
+// ran meanwhile reports ErrClosed.
+func (s *Store) fail(op string, err error) error {
+	if s.closed.Load() {
+		return contract.ErrClosed
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("pgstore: %s: %w", op, scrub(err))
+}
+
+// scrub replaces errors that quote the connection string (pgx's parse and
+// connect errors name the user, host and database) by their cause.
+func scrub(err error) error {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		return errors.New("invalid connection string")
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		if inner := errors.Unwrap(ce); inner != nil {
+			return fmt.Errorf("cannot connect: %w", inner)
+		}
+		return errors.New("cannot connect")
+	}
+	return err
+}
+
+// validate checks sc as contract.Scope.Validate does, and that its parts
+// can be stored as PostgreSQL text: valid UTF-8 without NUL bytes.
+func validate(sc contract.Scope) error {
+	if err := sc.Validate(); err != nil {
+		return err
+	}
+	for _, part := range []string{sc.Tenant, sc.Endpoint, sc.Key} {
+		if !utf8.ValidString(part) || strings.IndexByte(part, 0) >= 0 {
+			return fmt.Errorf("%w: pgstore keeps scopes as text: valid UTF-8 without NUL bytes", contract.ErrInvalidScope)
+		}
+	}
+	return nil
+}
+
+// now reads the clock at the database's precision, in UTC, so that a time
+// written and read back is equal to the one the store computed.
+func (s *Store) now() time.Time { return s.opts.Now().Truncate(time.Microsecond).UTC() }
+
+func (s *Store) ttlFor(endpoint string) time.Duration {
+	if ttl, ok := s.opts.EndpointTTL[endpoint]; ok {
+		return ttl
+	}
+	return s.opts.TTL
+}
+
+// note counts e and logs it when Options.Events is set. start is when the
+// lease began, or zero when there is no latency to report.
+func (s *Store) note(e contract.Event, rec *contract.Record, start time.Time) {
+	s.tally.Add(e)
+	if s.opts.Events == nil {
+		return
+	}
+	latency := time.Duration(-1)
+	if !start.IsZero() {
+		latency = s.opts.Now().Sub(start)
+	}
+	contract.LogEvent(s.opts.Events, e, rec.Scope, rec, latency)
+}
+
+// notifyChannel is the channel that ends of a lease are announced on; the
+// payload is scopeTag of the record's scope.
+const notifyChannel = "idem_keys"
+
+// scopeTag is a short digest of s that names it in notifications. The
+// parts are length-prefixed so that distinct scopes get distinct tags.
+func scopeTag(s contract.Scope) string {
+	h := sha256.New()
+	for _, part := range []string{s.Tenant, s.Endpoint, s.Key} {
+		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(part))))
+		h.Write([]byte(part))
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// newToken returns a fresh lease token.
+func newToken() []byte {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return b
+}
+
+// columns are the columns scanRecord reads, in its order.
+const columns = `tenant, endpoint, idem_key, fingerprint, state, response_status,
+	response_headers, response_body, body_len, body_digest, body_omitted,
+	lease_token, lease_until, attempts, created_at, updated_at, expires_at`
+
+// listColumns are columns with bodies over 64 KiB left out, for listings
+// that may return many records.
+const listColumns = `tenant, endpoint, idem_key, fingerprint, state, response_status,
+	response_headers, CASE WHEN body_len <= 65536 THEN response_body END, body_len, body_digest, body_omitted,
+	lease_token, lease_until, attempts, created_at, updated_at, expires_at`
+
+// row is one scanned record and its lease token.
+type row struct {
+	rec   contract.Record
+	token []byte
+}
+
+// scanRecord reads the columns of columns from r; extra, when given, are
+// scanned after them.
+func scanRecord(r pgx.Row, extra ...any) (*row, error) {
+	var (
+		out                      row
+		fp, digest, hdr, body    []byte
+		status                   *int32
+		state                    int16
+		attempts                 int32
+		leaseUntil, created, upd time.Time
+		expires                  time.Time
+	)
+	dest := []any{&out.rec.Scope.Tenant, &out.rec.Scope.Endpoint, &out.rec.Scope.Key, &fp, &state, &status,
+		&hdr, &body, &out.rec.BodyLen, &digest, &out.rec.BodyOmitted,
+		&out.token, &leaseUntil, &attempts, &created, &upd, &expires}
+	if err := r.Scan(append(dest, extra...)...); err != nil {
+		return nil, err
+	}
+	if len(fp) != len(out.rec.Fingerprint) {
+		return nil, fmt.Errorf("%w: fingerprint of %d bytes", contract.ErrCorrupt, len(fp))
+	}
+	copy(out.rec.Fingerprint[:], fp)
+	copy(out.rec.BodyDigest[:], digest)
+	out.rec.State = contract.State(state)
+	if status != nil {
+		out.rec.Response.Status = int(*status)
+	}
+	if len(hdr) > 0 {
+		if err := json.Unmarshal(hdr, &out.rec.Response.Header); err != nil {
+			return nil, fmt.Errorf("%w: response headers: %v", contract.ErrCorrupt, err)
+		}
+		if len(out.rec.Response.Header) == 0 {
+			out.rec.Response.Header = nil
+		}
+	}
+	if len(body) > 0 {
+		out.rec.Response.Body = body
+	}
+	out.rec.Attempts = uint32(attempts)
+	out.rec.LeaseUntil, out.rec.CreatedAt = leaseUntil.UTC(), created.UTC()
+	out.rec.UpdatedAt, out.rec.ExpiresAt = upd.UTC(), expires.UTC()
+	return &out, nil
+}
+
+// cloneRecord copies rec with its own header and body.
+func cloneRecord(rec contract.Record) contract.Record {
+	if len(rec.Response.Header) > 0 {
+		rec.Response.Header = rec.Response.Header.Clone()
+	} else {
+		rec.Response.Header = nil
+	}
+	if len(rec.Response.Body) > 0 {
+		rec.Response.Body = bytes.Clone(rec.Response.Body)
+	} else {
+		rec.Response.Body = nil
+	}
+	return rec
+}
+
+// encodeHeader is what response_headers holds for h: NULL for none.
+func encodeHeader(h http.Header) ([]byte, error) {
+	if len(h) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(h)
+}
+
+// claimSQL inserts a fresh claim, or replaces a record that has expired,
+// in one statement on the primary key: of many callers at once exactly
+// one gets a row back. A live record is left alone and no row returns.
+const claimSQL = `
+INSERT INTO idempotency_keys AS k (tenant, endpoint, idem_key, fingerprint, state,
+	lease_token, lease_until, attempts, created_at, updated_at, expires_at)
+VALUES ($1, $2, $3, $4, 1, $5, $6, 1, $7, $7, $8)
+ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
+	fingerprint = EXCLUDED.fingerprint, state = 1,
+	response_status = NULL, response_headers = NULL, response_body = NULL,
+	body_len = 0, body_digest = NULL, body_omitted = false,
+	lease_token = EXCLUDED.lease_token, lease_until = EXCLUDED.lease_until, attempts = 1,
+	created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at
+WHERE k.expires_at <= $7
+RETURNING ` + columns
+
+const getSQL = `SELECT ` + columns + ` FROM idempotency_keys
+WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $4`
+
+// claimRetries bounds how often Claim goes round when the record it met
+// vanished before it could read it (released or swept meanwhile).
+const claimRetries = 8
+
+// Claim tries to take the key in s, as contract.Store.Claim says.
+func (s *Store) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+	if err := validate(sc); err != nil {
+		return nil, nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	if err := s.enter(); err != nil {
+		return nil, nil, err
+	}
+	for range claimRetries {
+		now := s.now()
+		r, err := scanRecord(s.pool.QueryRow(ctx, claimSQL, sc.Tenant, sc.Endpoint, sc.Key, fp[:],
+			newToken(), now.Add(s.opts.Lease), now, now.Add(s.ttlFor(sc.Endpoint))))
+		if err == nil {
+			s.note(contract.EventClaimed, &r.rec, time.Time{})
+			return &lease{s: s, scope: sc, token: r.token, start: now, rec: r.rec}, nil, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, nil, s.fail("claim", err)
+		}
+		r, err = scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, s.fail("claim", err)
+		}
+		rec, err := s.answer(&r.rec, fp, now)
+		return nil, rec, err
+	}
+	return nil, nil, fmt.Errorf("pgstore: claim: the record kept changing under %d attempts", claimRetries)
+}
+
+// answer decides what a claim of the live record rec gets. The
+// fingerprint comes first: a key reused for another request is refused
+// for good, whatever state the first request is in.
+func (s *Store) answer(rec *contract.Record, fp contract.Fingerprint, now time.Time) (*contract.Record, error) {
+	refuse := func(e contract.Event, err error, retry time.Duration) error {
+		s.note(e, rec, time.Time{})
+		return &contract.KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: rec.Scope.Tenant, Endpoint: rec.Scope.Endpoint}
+	}
+	switch {
+	case rec.Fingerprint != fp:
+		return nil, refuse(contract.EventMismatch, contract.ErrFingerprintMismatch, 0)
+	case rec.State == contract.StateCompleted:
+		s.note(contract.EventReplayed, rec, time.Time{})
+		return rec, nil
+	case rec.State == contract.StateInProgress && now.Before(rec.LeaseUntil):
+		return nil, refuse(contract.EventConflict, contract.ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
+	default:
+		return nil, refuse(contract.EventPending, contract.ErrOutcomePending, 0)
+	}
+}
+
+// Get returns the live record for s, as contract.Store.Get says.
+func (s *Store) Get(ctx context.Context, sc contract.Scope) (*contract.Record, error) {
+	if err := validate(sc); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	r, err := scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, s.now()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, contract.ErrNotFound
+	}
+	if err != nil {
+		return nil, s.fail("get", err)
+	}
+	return &r.rec, nil
+}
+
+// Ping reports whether the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	if err := s.pool.Ping(ctx); err != nil {
+		return s.fail("ping", err)
+	}
+	return nil
+}

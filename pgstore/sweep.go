@@ -1,0 +1,115 @@
+package pgstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/idemkv/idem/contract"
+)
+
+// sweepBatch bounds the rows one sweep statement deletes, so no statement
+// holds many row locks or runs long.
+const sweepBatch = 1000
+
+// sweepSQL deletes up to $2 records expired by $1. The outer condition on
+// expires_at is checked again on the row as it is when locked, so a
+// record a claim took over meanwhile is kept.
+const sweepSQL = `
+DELETE FROM idempotency_keys
+WHERE (tenant, endpoint, idem_key) IN (
+	SELECT tenant, endpoint, idem_key FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2)
+	AND expires_at <= $1
+RETURNING ` + columnsNoBody + `,
+	octet_length(tenant) + octet_length(endpoint) + octet_length(idem_key)
+	+ coalesce(octet_length(response_body), 0) + coalesce(octet_length(response_headers::text), 0)`
+
+// columnsNoBody are columns with the body left out.
+const columnsNoBody = `tenant, endpoint, idem_key, fingerprint, state, response_status,
+	response_headers, NULL::bytea, body_len, body_digest, body_omitted,
+	lease_token, lease_until, attempts, created_at, updated_at, expires_at`
+
+// Sweep deletes every record that has expired by now, in batches of a
+// thousand. One replica sweeps at a time: a Sweep that finds another
+// replica sweeping (it holds the sweep advisory lock) returns at once
+// with nothing done. Bytes are the bytes of the deleted scopes, headers
+// and bodies.
+func (s *Store) Sweep(ctx context.Context) (contract.SweepResult, error) {
+	return s.sweep(ctx, nil)
+}
+
+// Compact is Sweep: PostgreSQL's autovacuum gives the space of deleted
+// rows back to the table, and there is nothing else to compact. progress,
+// when not nil, hears of the sweep phase after each batch.
+func (s *Store) Compact(ctx context.Context, progress func(contract.CompactProgress)) (contract.SweepResult, error) {
+	return s.sweep(ctx, progress)
+}
+
+func (s *Store) sweep(ctx context.Context, progress func(contract.CompactProgress)) (contract.SweepResult, error) {
+	var res contract.SweepResult
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	if err := s.enter(); err != nil {
+		return res, err
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return res, s.fail("sweep", err)
+	}
+	defer conn.Release()
+	var locked bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", lockSweep).Scan(&locked); err != nil {
+		return res, s.fail("sweep", err)
+	}
+	if !locked {
+		return res, nil
+	}
+	defer func() {
+		if _, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", lockSweep); err != nil {
+			// A session lock that cannot be released must not go back to
+			// the pool with the connection.
+			conn.Conn().Close(context.Background())
+		}
+	}()
+	now := s.now()
+	var total int64
+	if progress != nil {
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE expires_at <= $1", now).Scan(&total); err != nil {
+			return res, s.fail("sweep", err)
+		}
+		progress(contract.CompactProgress{Phase: "sweep", Total: total})
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		rows, err := conn.Query(ctx, sweepSQL, now, sweepBatch)
+		if err != nil {
+			return res, s.fail("sweep", err)
+		}
+		n := 0
+		for rows.Next() {
+			var size int64
+			r, err := scanRecord(rows, &size)
+			if err != nil {
+				rows.Close()
+				return res, s.fail("sweep", err)
+			}
+			n++
+			res.Records++
+			res.Bytes += size
+			s.reclaimed.Add(size)
+			s.note(contract.EventSwept, &r.rec, time.Time{})
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return res, s.fail("sweep", err)
+		}
+		if progress != nil {
+			progress(contract.CompactProgress{Phase: "sweep", Done: int64(res.Records), Total: max(total, int64(res.Records))})
+		}
+		if n < sweepBatch {
+			return res, nil
+		}
+	}
+}

@@ -1,0 +1,268 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkv/idem/contract"
+)
+
+// listenerAppName is the application_name of the listening connection,
+// so operators can tell it apart in pg_stat_activity.
+const listenerAppName = "idem-pgstore-listener"
+
+const (
+	// pollInterval is how often a waiter re-reads its record while the
+	// listener is disconnected and notifications may be missed.
+	pollInterval = 500 * time.Millisecond
+	// idleCheck is how long the listener waits for a notification before
+	// it checks that its connection still answers.
+	idleCheck = 30 * time.Second
+	// reconnectDelay is the pause between attempts to reconnect.
+	reconnectDelay = 250 * time.Millisecond
+)
+
+// listener owns the one connection of a Store that LISTENs on
+// notifyChannel, and hands each notification to the waiters of its scope.
+// When the connection is lost it reconnects; meanwhile waiters fall back
+// to re-reading their records every pollInterval.
+type listener struct {
+	cfg    *pgx.ConnConfig
+	logger *slog.Logger
+	cancel context.CancelFunc
+	done   chan struct{} // closed when run returns
+
+	// mu guards the fields below.
+	mu        sync.Mutex
+	connected bool
+	pid       uint32 // the listening backend's process id, while connected
+	waiters   map[string]map[*waiter]struct{}
+}
+
+// waiter is one Wait in progress. wake is closed once, by the listener,
+// when a notification for the scope arrives (notified) or when the
+// listener connects or disconnects, so the waiter looks again.
+type waiter struct {
+	tag      string
+	wake     chan struct{}
+	notified bool // guarded by listener.mu
+}
+
+// startListener connects and starts listening; the first connection must
+// succeed, so that Open reports a database that refuses it.
+func startListener(ctx context.Context, cfg *pgx.ConnConfig, logger *slog.Logger) (*listener, error) {
+	conn, err := listen(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: listen: %w", scrub(err))
+	}
+	lctx, cancel := context.WithCancel(context.Background())
+	l := &listener{cfg: cfg, logger: logger, cancel: cancel, done: make(chan struct{}),
+		connected: true, pid: conn.PgConn().PID(), waiters: map[string]map[*waiter]struct{}{}}
+	go l.run(lctx, conn)
+	return l, nil
+}
+
+func listen(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{notifyChannel}.Sanitize()); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	return conn, nil
+}
+
+// run receives notifications on conn until ctx ends, reconnecting as
+// needed.
+func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
+	defer close(l.done)
+	for {
+		err := l.receive(ctx, conn)
+		conn.Close(context.Background())
+		l.setConnected(false, 0)
+		if ctx.Err() != nil {
+			return
+		}
+		l.logger.Warn("pgstore: listener connection lost; waiters re-read their records until it is back", "err", scrub(err))
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(reconnectDelay):
+			}
+			if conn, err = listen(ctx, l.cfg); err == nil {
+				break
+			}
+		}
+		l.logger.Info("pgstore: listener reconnected")
+		l.setConnected(true, conn.PgConn().PID())
+	}
+}
+
+// receive dispatches notifications until the connection fails or ctx
+// ends.
+func (l *listener) receive(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		wctx, cancel := context.WithTimeout(ctx, idleCheck)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			l.dispatch(n.Payload)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
+			pctx, cancel := context.WithTimeout(ctx, idleCheck)
+			err = conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}
+
+func (l *listener) dispatch(tag string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for w := range l.waiters[tag] {
+		w.notified = true
+		close(w.wake)
+	}
+	delete(l.waiters, tag)
+}
+
+// setConnected records the connection's state and wakes every waiter to
+// look again: after a loss they start polling, after a reconnection they
+// catch up on what they may have missed.
+func (l *listener) setConnected(connected bool, pid uint32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.connected, l.pid = connected, pid
+	for tag, ws := range l.waiters {
+		for w := range ws {
+			close(w.wake)
+		}
+		delete(l.waiters, tag)
+	}
+}
+
+// register adds a waiter for tag and reports whether the listener is
+// connected, so notifications will reach it.
+func (l *listener) register(tag string) (*waiter, bool) {
+	w := &waiter{tag: tag, wake: make(chan struct{})}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.waiters[tag] == nil {
+		l.waiters[tag] = map[*waiter]struct{}{}
+	}
+	l.waiters[tag][w] = struct{}{}
+	return w, l.connected
+}
+
+// unregister removes w if it is still registered, and reports whether it
+// was notified.
+func (l *listener) unregister(w *waiter) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ws := l.waiters[w.tag]; ws != nil {
+		delete(ws, w)
+		if len(ws) == 0 {
+			delete(l.waiters, w.tag)
+		}
+	}
+	return w.notified
+}
+
+func (l *listener) listenerPID() uint32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pid
+}
+
+func (l *listener) stop() {
+	l.cancel()
+	<-l.done
+}
+
+// Wait blocks while s is in progress under a live lease, as
+// contract.Store.Wait says. The end of a lease on any replica wakes it
+// through LISTEN/NOTIFY; a lease that merely runs out does not, since
+// nothing announces it. While the listener is reconnecting, Wait re-reads
+// the record every half second instead.
+func (s *Store) Wait(ctx context.Context, sc contract.Scope) error {
+	if err := validate(sc); err != nil {
+		return err
+	}
+	tag := scopeTag(sc)
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := s.enter(); err != nil {
+			return err
+		}
+		// Register before reading, so an end of the lease committed after
+		// the read is announced to this waiter.
+		w, connected := s.listener.register(tag)
+		held, err := s.held(ctx, sc)
+		if err != nil || !held {
+			s.listener.unregister(w)
+			return err
+		}
+		var (
+			poll  <-chan time.Time
+			timer *time.Timer
+		)
+		if !connected {
+			timer = time.NewTimer(pollInterval)
+			poll = timer.C
+		}
+		woken := false
+		select {
+		case <-w.wake:
+			woken = s.listener.unregister(w)
+		case <-poll:
+			s.listener.unregister(w)
+		case <-ctx.Done():
+			s.listener.unregister(w)
+			return ctx.Err()
+		case <-s.closing:
+			s.listener.unregister(w)
+			return contract.ErrClosed
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if woken {
+			return nil
+		}
+	}
+}
+
+// held reports whether s is in progress under a live lease.
+func (s *Store) held(ctx context.Context, sc contract.Scope) (bool, error) {
+	now := s.now()
+	var held bool
+	err := s.pool.QueryRow(ctx, `SELECT true FROM idempotency_keys
+		WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3
+		AND expires_at > $4 AND state = 1 AND lease_until > $4`,
+		sc.Tenant, sc.Endpoint, sc.Key, now).Scan(&held)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, s.fail("wait", err)
+	}
+	return held, nil
+}
