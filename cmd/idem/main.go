@@ -28,6 +28,7 @@ var commands = map[string]command{
 	"get":         {"show one record in full, or only its stored response body", runGet},
 	"inspect":     {"list records by tenant, endpoint, state and age", runInspect},
 	"keygen":      {"print new idempotency keys (uuid4, uuid7, ulid, token)", runKeygen},
+	"migrate":     {"bring a PostgreSQL store's schema up to date, or --check it", runMigrate},
 	"proxy":       {"put idempotency keys in front of an HTTP service in any language", runProxy},
 	"resolve":     {"settle a stuck or unknown record as released, unknown or completed", runResolve},
 	"serve":       {"run a demo payments API behind the idempotency middleware", runServe},

@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem/internal/pgtest"
 )
 
 // binary is the idem command built once for the package's tests, which
@@ -31,7 +33,9 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
-	code := m.Run()
+	// pgtest stops the PostgreSQL it may have started for the tests that
+	// keep records there.
+	code := pgtest.Main(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
