@@ -16,10 +16,10 @@ import (
 func runCheck(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	data := fs.String("data", "./idem-data", "directory of the idempotency store")
+	store := addStoreFlags(fs, "directory of the idempotency store")
 	asJSON := fs.Bool("json", false, "print one JSON object a problem, for scripts")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem check [--data DIR] [--json]
+		fmt.Fprint(fs.Output(), `usage: idem check [--data DIR | --store DSN] [--json]
 
 Reads the whole store and reports every record, expiry or pending index
 entry and body chunk that breaks the invariants between them: what a
@@ -32,16 +32,23 @@ tenant, endpoint, key_hash and detail, and the summary goes to standard
 error.
 
 Exit status 0 means the store is sound; 1 that a problem was found or the
-store could not be read. The store must not be held by a running serve or
-proxy.
+store could not be read. The check is the embedded store's: there is no
+consistency check for a PostgreSQL store, whose table, primary key and
+column constraints keep its records in shape, so with --store it says so
+and exits 1.
 
-`)
+`+toolStoreRule+"\n")
 		fs.PrintDefaults()
 	}
-	if code, done := parseTool(fs, args, stderr); done {
+	if code, done := store.parseTool(fs, args, stderr); done {
 		return code
 	}
-	db, code := openExisting("check", *data, false, stderr)
+	if store.postgres() {
+		fmt.Fprintf(stderr, "idem check: no consistency check for this store: %s keeps its records in one table,\n"+
+			"whose primary key and constraints PostgreSQL enforces itself; idem check reads embedded stores (--data)\n", store.where())
+		return 1
+	}
+	db, code := store.openTool("check", false, stderr)
 	if db == nil {
 		return code
 	}

@@ -18,12 +18,13 @@ import (
 func runGet(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("get", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	data := fs.String("data", "./idem-data", "directory of the idempotency store")
+	store := addStoreFlags(fs, "directory of the idempotency store")
 	scope := scopeFlags(fs)
 	body := fs.Bool("body", false, "print only the stored response body, byte for byte")
 	asJSON := fs.Bool("json", false, "print the record as one JSON object, body included")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem get [--data DIR] [--tenant T] --endpoint E --key K [--body | --json]
+		fmt.Fprint(fs.Output(), `usage: idem get [--data DIR | --store DSN] [--tenant T] --endpoint E --key K
+                [--body | --json]
 
 Prints one record in full: its state, fingerprint, times, attempts and the
 stored response (status, headers, body length and digest). With --body,
@@ -31,12 +32,11 @@ only the response body, exactly as a replay sends it; with --json, the
 whole record, the body as a string when it is UTF-8 text.
 
 A record past its TTL counts as absent, as it does for every request.
-The store must not be held by a running serve or proxy.
 
-`)
+`+toolStoreRule+"\n")
 		fs.PrintDefaults()
 	}
-	if code, done := parseTool(fs, args, stderr); done {
+	if code, done := store.parseTool(fs, args, stderr); done {
 		return code
 	}
 	if err := checkScope(scope); err != nil {
@@ -45,7 +45,7 @@ The store must not be held by a running serve or proxy.
 	if *body && *asJSON {
 		return usageError(fs, stderr, "--body and --json cannot be combined")
 	}
-	db, code := openExisting("get", *data, false, stderr)
+	db, code := store.openTool("get", false, stderr)
 	if db == nil {
 		return code
 	}

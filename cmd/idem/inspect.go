@@ -19,7 +19,7 @@ import (
 func runInspect(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	data := fs.String("data", "./idem-data", "directory of the idempotency store")
+	store := addStoreFlags(fs, "directory of the idempotency store")
 	tenant := fs.String("tenant", "", "list only this tenant's records")
 	endpoint := fs.String("endpoint", "", `list only this endpoint's records, e.g. "POST /v1/payments"`)
 	state := fs.String("state", "", "list only records in this state: in_progress, completed, failed or unknown")
@@ -29,8 +29,9 @@ func runInspect(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	expired := fs.Bool("expired", false, "also list records past their TTL that are not swept yet")
 	limit := fs.Int("limit", 0, "stop after this many records (0: all)")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem inspect [--data DIR] [--tenant T] [--endpoint E] [--state S]
-                    [--older-than D] [--json] [--show-keys] [--expired] [--limit N]
+		fmt.Fprint(fs.Output(), `usage: idem inspect [--data DIR | --store DSN] [--tenant T] [--endpoint E]
+                    [--state S] [--older-than D] [--json] [--show-keys]
+                    [--expired] [--limit N]
 
 Lists the records in the store, in key order: a table for people, or JSON
 lines with --json. Keys are shown as a hash unless --show-keys is given;
@@ -38,28 +39,27 @@ the hash is the key_hash of idem's log events, so a listing and a log line
 can be matched without either holding the key.
 
 Find stuck work with --state in_progress --older-than 1m, or --state
-unknown; resolve it with idem resolve. The store must not be held by a
-running serve or proxy.
+unknown; resolve it with idem resolve.
 
-`)
+`+toolStoreRule+"\n")
 		fs.PrintDefaults()
 	}
-	if code, done := parseTool(fs, args, stderr); done {
+	if code, done := store.parseTool(fs, args, stderr); done {
 		return code
 	}
-	st, err := parseStateFlag(*state)
+	want, err := parseStateFlag(*state)
 	if err != nil {
 		return usageError(fs, stderr, "%v", err)
 	}
 	if *olderThan < 0 || *limit < 0 {
 		return usageError(fs, stderr, "--older-than and --limit must not be negative")
 	}
-	db, code := openExisting("inspect", *data, false, stderr)
+	db, code := store.openTool("inspect", false, stderr)
 	if db == nil {
 		return code
 	}
 	now := time.Now()
-	f := idem.Filter{Tenant: *tenant, Endpoint: *endpoint, State: st, Expired: *expired}
+	f := idem.Filter{Tenant: *tenant, Endpoint: *endpoint, State: want, Expired: *expired}
 	if *olderThan > 0 {
 		f.CreatedBefore = now.Add(-*olderThan)
 	}

@@ -23,7 +23,7 @@ import (
 func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	data := fs.String("data", "./idem-data", "directory of the idempotency store (one process at a time)")
+	store := addStoreFlags(fs, "directory of the idempotency store (one process at a time)")
 	listen := fs.String("listen", "127.0.0.1:8081", "address to accept clients on; port 0 picks a free one")
 	upstream := fs.String("upstream", "", "base URL of the service to protect, e.g. http://127.0.0.1:3000 (required)")
 	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none")
@@ -37,7 +37,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz; port 0 picks a free one, empty turns it off")
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR] [--listen ADDR]
+		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR | --store DSN] [--listen ADDR]
                   [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
                   [--max-body N] [--drain D] [--admin ADDR] [--events=false]
@@ -51,6 +51,12 @@ but its end), and every retry gets that response again
 with a different request gets 422; a duplicate of a request still running
 gets 409 with Retry-After. The key is forwarded, so the upstream can pass
 it on to its own providers.
+
+The records are kept in the directory --data names, which one process
+holds at a time, or with --store DSN in PostgreSQL: then any number of
+proxies in front of replicas of the upstream share them, a key claimed
+through one is in progress through all, and the operator tools run
+beside them. The proxy applies the schema's migrations when it starts.
 
 Every response the upstream gives is recorded, errors included. When the
 upstream cannot be reached at all the key is freed and the proxy answers
@@ -80,6 +86,9 @@ key itself.
 	if fs.NArg() > 0 {
 		return usageErr("unexpected argument %q", fs.Arg(0))
 	}
+	if err := store.validate(); err != nil {
+		return usageErr("%v", err)
+	}
 	target, err := parseUpstream(*upstream)
 	if err != nil {
 		return usageErr("%v", err)
@@ -103,10 +112,7 @@ key itself.
 	if *maxBody <= 0 {
 		return usageErr("--max-body %d must be positive", *maxBody)
 	}
-	opts := &idem.Options{TTL: *ttl, Lease: *lease, Logger: newLogger(stderr)}
-	if *events {
-		opts.Events = opts.Logger
-	}
+	log := newLogger(stderr)
 	effectiveLease := *lease
 	if effectiveLease == 0 {
 		effectiveLease = 30 * time.Second
@@ -121,14 +127,14 @@ key itself.
 		return usageErr("--upstream-timeout %s must be positive and shorter than the lease (%s)", timeout, effectiveLease)
 	}
 
-	db, code := openStore("proxy", *data, opts, stderr)
+	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, lease: *lease, logger: log, events: *events}, stderr)
 	if db == nil {
 		if code == 2 {
 			fs.Usage()
 		}
 		return code
 	}
-	adm, err := newAdmin(db, opts.Logger)
+	adm, err := newAdmin(db, log)
 	if err != nil {
 		db.Close()
 		fmt.Fprintf(stderr, "idem proxy: %v\n", err)
@@ -140,21 +146,21 @@ key itself.
 		Methods:         methods,
 		MaxRequestBytes: *maxBody,
 		Wait:            *wait,
-		Logger:          opts.Logger,
+		Logger:          log,
 		Observe:         adm.observer.Observe,
 	})
 	if err != nil {
 		db.Close()
 		return usageErr("%v", err)
 	}
-	h := mw(newProxyHandler(target, timeout, opts.Logger))
+	h := mw(newProxyHandler(target, timeout, log))
 	var adminH http.Handler
 	if *adminAddr != "" {
 		mux := http.NewServeMux()
 		adm.register(mux)
 		adminH = mux
 	}
-	return serveUntilSignal("proxy", *listen, *data, *drain, h, *adminAddr, adminH, db, stdout, stderr)
+	return serveUntilSignal("proxy", *listen, store.where(), *drain, h, *adminAddr, adminH, db, stdout, stderr)
 }
 
 func parseUpstream(s string) (*url.URL, error) {

@@ -31,7 +31,7 @@ func (h headerFlags) Set(s string) error {
 func runResolve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("resolve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	data := fs.String("data", "./idem-data", "directory of the idempotency store")
+	store := addStoreFlags(fs, "directory of the idempotency store")
 	scope := scopeFlags(fs)
 	as := fs.String("as", "", "the real outcome: released, unknown or completed (required)")
 	status := fs.Int("status", 0, "with --as completed: the HTTP status the operation really answered (required)")
@@ -40,7 +40,7 @@ func runResolve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(header, "header", `with --as completed: a response header to replay, "Name: value" (repeatable)`)
 	reason := fs.String("reason", "", "why, for the log: a ticket number, the provider's answer")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem resolve [--data DIR] [--tenant T] --endpoint E --key K
+		fmt.Fprint(fs.Output(), `usage: idem resolve [--data DIR | --store DSN] [--tenant T] --endpoint E --key K
                     --as released|unknown|completed [--status N]
                     [--body-file F] [--header "Name: value"]... [--reason TEXT]
 
@@ -57,12 +57,12 @@ the payment provider, then say so:
 
 A completed record is never overwritten, and a claim whose lease is still
 running is left alone. Every resolution is logged to standard error as a
-structured line. The store must not be held by a running serve or proxy.
+structured line.
 
-`)
+`+toolStoreRule+"\n")
 		fs.PrintDefaults()
 	}
-	if code, done := parseTool(fs, args, stderr); done {
+	if code, done := store.parseTool(fs, args, stderr); done {
 		return code
 	}
 	if err := checkScope(scope); err != nil {
@@ -90,7 +90,7 @@ structured line. The store must not be held by a running serve or proxy.
 		}
 	}
 
-	db, code := openExisting("resolve", *data, true, stderr)
+	db, code := store.openTool("resolve", true, stderr)
 	if db == nil {
 		return code
 	}

@@ -22,14 +22,14 @@ import (
 func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	data := fs.String("data", "./idem-data", "directory of the idempotency store (one process at a time)")
+	store := addStoreFlags(fs, "directory of the idempotency store (one process at a time)")
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on; port 0 picks a free one")
 	delay := fs.Duration("provider-delay", 0, "how long the simulated payment provider takes per charge or refund; try 5s to see 409 request_in_progress")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem serve [--data DIR] [--addr ADDR] [--provider-delay D] [--drain D]
-                  [--events=false]
+		fmt.Fprint(fs.Output(), `usage: idem serve [--data DIR | --store DSN] [--addr ADDR] [--provider-delay D]
+                  [--drain D] [--events=false]
 
 Runs a small payments API behind the idempotency middleware, to try the
 contract with curl:
@@ -45,8 +45,11 @@ another body gets 422, and a retry while the first is still at the
 provider gets 409.
 
 Payments and refunds are kept in memory only and vanish when serve stops.
-The idempotency records in --data persist, so after a restart a retry
-still replays a payment that this process no longer knows about.
+The idempotency records persist, so after a restart a retry still replays
+a payment that this process no longer knows about. They are kept in the
+directory --data names, which one process holds at a time, or with
+--store DSN in PostgreSQL, which any number of serve and proxy processes
+share; serve applies the schema's migrations there when it starts.
 
 For operators, on the same address:
 
@@ -68,17 +71,18 @@ with a hash of the key and of the token, never the key or the token.
 		fs.Usage()
 		return 2
 	}
+	if err := store.validate(); err != nil {
+		fmt.Fprintf(stderr, "idem serve: %v\n", err)
+		fs.Usage()
+		return 2
+	}
 	if *delay < 0 || *drain <= 0 {
 		fmt.Fprintf(stderr, "idem serve: --provider-delay %s must not be negative, --drain %s must be positive\n", *delay, *drain)
 		fs.Usage()
 		return 2
 	}
 	log := serveLogger(stderr)
-	opts := &idem.Options{Logger: log}
-	if *events {
-		opts.Events = log
-	}
-	db, code := openStore("serve", *data, opts, stderr)
+	db, code := store.openServer("serve", serverOptions{logger: log, events: *events}, stderr)
 	if db == nil {
 		return code
 	}
@@ -102,7 +106,7 @@ with a hash of the key and of the token, never the key or the token.
 	// The demo API has no paths of its own there, so the operator's
 	// endpoints share its listener.
 	adm.register(mux)
-	return serveUntilSignal("serve", *addr, *data, *drain, mux, "", nil, db, stdout, stderr)
+	return serveUntilSignal("serve", *addr, store.where(), *drain, mux, "", nil, db, stdout, stderr)
 }
 
 // serveLogger is newLogger for serve, whose tenant is a bearer token: a

@@ -18,34 +18,41 @@ type storeStats struct {
 	Overdue          int64            `json:"overdue"`
 	OldestInProgress float64          `json:"oldest_in_progress_seconds"`
 	Expired          int64            `json:"expired_awaiting_sweep"`
-	DiskBytes        uint64           `json:"disk_bytes"`
-	ReadAmp          int              `json:"read_amplification"`
+	// The embedded store's figures: its directory's size and Pebble's
+	// read amplification.
+	DiskBytes *uint64 `json:"disk_bytes,omitempty"`
+	ReadAmp   *int    `json:"read_amplification,omitempty"`
+	// PostgreSQL's: the table's size with its indexes and TOAST.
+	TableBytes *uint64 `json:"table_bytes,omitempty"`
 }
+
+// pgTableBytes is the engine figure in which pgstore reports its table's
+// size.
+const pgTableBytes = "idem_pg_table_bytes"
 
 func runStats(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	data := fs.String("data", "./idem-data", "directory of the idempotency store")
+	store := addStoreFlags(fs, "directory of the idempotency store")
 	asJSON := fs.Bool("json", false, "print one JSON object, for scripts")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem stats [--data DIR] [--json]
+		fmt.Fprint(fs.Output(), `usage: idem stats [--data DIR | --store DSN] [--json]
 
 Summarizes the store: live records by state, in-progress records past
 their lease (overdue) and the age of the oldest, expired records that the
-sweeper has not deleted yet, the space on disk and Pebble's health (read
-amplification: how many tables a read may visit). It reads every record
-once.
-
-The store must not be held by a running serve or proxy; while one runs,
+sweeper has not deleted yet, and the space the records take: for the
+embedded store the space on disk and Pebble's health (read amplification:
+how many tables a read may visit), for PostgreSQL the size of the table
+with its indexes. It reads every record once. While serve or proxy runs,
 its /metrics endpoint reports the same figures.
 
-`)
+`+toolStoreRule+"\n")
 		fs.PrintDefaults()
 	}
-	if code, done := parseTool(fs, args, stderr); done {
+	if code, done := store.parseTool(fs, args, stderr); done {
 		return code
 	}
-	db, code := openExisting("stats", *data, false, stderr)
+	db, code := store.openTool("stats", false, stderr)
 	if db == nil {
 		return code
 	}
@@ -69,9 +76,15 @@ its /metrics endpoint reports the same figures.
 		return closeStore("stats", db, 1, stderr)
 	}
 	st.Overdue, st.OldestInProgress, st.Expired = m.Overdue, m.OldestInProgress.Seconds(), m.Expired
-	disk, _ := m.Figure(idem.FigureDiskBytes)
-	readAmp, _ := m.Figure(idem.FigureReadAmp)
-	st.DiskBytes, st.ReadAmp = uint64(disk), int(readAmp)
+	if v, ok := m.Figure(idem.FigureDiskBytes); ok {
+		st.DiskBytes = ptr(uint64(v))
+	}
+	if v, ok := m.Figure(idem.FigureReadAmp); ok {
+		st.ReadAmp = ptr(int(v))
+	}
+	if v, ok := m.Figure(pgTableBytes); ok {
+		st.TableBytes = ptr(uint64(v))
+	}
 	if *asJSON {
 		json.NewEncoder(stdout).Encode(st)
 		return closeStore("stats", db, 0, stderr)
@@ -87,12 +100,19 @@ its /metrics endpoint reports the same figures.
 	fmt.Fprintf(stdout, "overdue          %d in progress past their lease\n", st.Overdue)
 	fmt.Fprintf(stdout, "oldest claim     %s in progress\n", oldest)
 	fmt.Fprintf(stdout, "expired          %d awaiting sweep (idem compact removes them now)\n", st.Expired)
-	fmt.Fprintf(stdout, "disk             %s\n", bytesIEC(st.DiskBytes))
-	health := "healthy"
-	if st.ReadAmp > healthyReadAmp {
-		health = "reads slowed by too many tables; idem compact merges them"
+	if st.DiskBytes != nil {
+		fmt.Fprintf(stdout, "disk             %s\n", bytesIEC(*st.DiskBytes))
 	}
-	fmt.Fprintf(stdout, "read amp         %d (%s)\n", st.ReadAmp, health)
+	if st.ReadAmp != nil {
+		health := "healthy"
+		if *st.ReadAmp > healthyReadAmp {
+			health = "reads slowed by too many tables; idem compact merges them"
+		}
+		fmt.Fprintf(stdout, "read amp         %d (%s)\n", *st.ReadAmp, health)
+	}
+	if st.TableBytes != nil {
+		fmt.Fprintf(stdout, "table            %s with its indexes\n", bytesIEC(*st.TableBytes))
+	}
 	if st.Overdue > 0 || st.ByState["unknown"] > 0 || st.ByState["failed"] > 0 {
 		fmt.Fprintln(stdout, "\nNeeds attention: list with idem inspect --state in_progress --older-than 1m (or --state unknown,")
 		fmt.Fprintln(stdout, "--state failed) and settle each with idem resolve.")
@@ -103,6 +123,8 @@ its /metrics endpoint reports the same figures.
 // healthyReadAmp is the read amplification past which stats calls the
 // store unhealthy: one whose compactions keep up stays well below it.
 const healthyReadAmp = 20
+
+func ptr[T any](v T) *T { return &v }
 
 // bytesIEC prints a byte count with a binary unit.
 func bytesIEC(n uint64) string {

@@ -1,18 +1,93 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/pgstore"
 )
 
-// The DSN of a PostgreSQL store may hold a password, so no message
+// Every command that opens a store names it the same way, with the flags
+// in this file: --data DIR for the embedded store (the default), or
+// --store DSN for PostgreSQL. The DSN may hold a password, so no message
 // repeats it: they say "the PostgreSQL store", with its host and port at
 // most.
+
+// defaultDataDir is --data's default.
+const defaultDataDir = "./idem-data"
+
+// storeHelp is --store's help, the same for every command.
+const storeHelp = "PostgreSQL connection string (postgres://user:password@host:port/db): keep the records there instead of in --data"
+
+// toolStoreRule ends the help of every tool that opens a store.
+const toolStoreRule = `With --data the tool needs the directory to itself: a running serve or
+proxy holds it and must be stopped first (SIGTERM lets its requests
+finish). With --store DSN the records are in PostgreSQL, which has many
+users at once: the tool runs while serve and proxy processes use the same
+database.
+`
+
+// openTimeout bounds connecting to PostgreSQL: an address that drops
+// packets fails the command instead of holding it for minutes.
+const openTimeout = time.Minute
+
+// storeFlags are --data and --store.
+type storeFlags struct {
+	fs  *flag.FlagSet
+	dir string
+	dsn string
+}
+
+// addStoreFlags registers --data and --store on fs. dataHelp describes
+// --data for this command.
+func addStoreFlags(fs *flag.FlagSet, dataHelp string) *storeFlags {
+	s := &storeFlags{fs: fs}
+	fs.StringVar(&s.dir, "data", defaultDataDir, dataHelp)
+	fs.StringVar(&s.dsn, "store", "", storeHelp)
+	return s
+}
+
+// postgres reports whether the records are in PostgreSQL.
+func (s *storeFlags) postgres() bool { return s.dsn != "" }
+
+// validate reports a usage mistake: both flags, which name two different
+// stores, or a DSN that does not parse. Call it after fs.Parse.
+func (s *storeFlags) validate() error {
+	if !s.postgres() {
+		return nil
+	}
+	dataSet := false
+	s.fs.Visit(func(f *flag.Flag) { dataSet = dataSet || f.Name == "data" })
+	if dataSet {
+		return errors.New("--data and --store name two different stores; give one")
+	}
+	// pgconn's errors quote the string, so the reason is not shown.
+	if _, err := pgconn.ParseConfig(s.dsn); err != nil {
+		return errors.New("--store is not a PostgreSQL connection string (postgres://user:password@host:port/db or key=value pairs)")
+	}
+	return nil
+}
+
+// where says where the records are, for people: the directory, or the
+// PostgreSQL server's host and port.
+func (s *storeFlags) where() string {
+	if !s.postgres() {
+		return s.dir
+	}
+	return pgWhere(s.dsn)
+}
 
 // pgWhere names the PostgreSQL store dsn points at by its host and port,
 // never by anything that may be secret.
@@ -28,6 +103,75 @@ func pgWhere(dsn string) string {
 	return "the PostgreSQL store at " + host
 }
 
+// serverOptions are the settings serve and proxy give either store; zero
+// means the store's default.
+type serverOptions struct {
+	ttl, lease time.Duration
+	logger     *slog.Logger
+	events     bool
+}
+
+// openServer opens the store for serve or proxy, creating it (a directory,
+// or the PostgreSQL schema) when it is missing. It returns the exit
+// status on failure: 2 for bad options, 1 otherwise.
+func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) (idem.Operator, int) {
+	var events *slog.Logger
+	if o.events {
+		events = o.logger
+	}
+	if !s.postgres() {
+		return openStore(name, s.dir, &idem.Options{TTL: o.ttl, Lease: o.lease, Logger: o.logger, Events: events}, stderr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	db, err := pgstore.Open(ctx, s.dsn, &pgstore.Options{TTL: o.ttl, Lease: o.lease, Logger: o.logger, Events: events,
+		Migrate: pgstore.MigrateApply})
+	if err != nil {
+		return nil, s.pgOpenFailed(name, err, stderr)
+	}
+	return newSweeping(db, o.logger), 0
+}
+
+// openTool opens an existing store for the tool called name; events says
+// whether the store logs its events. A tool never creates a store: in
+// PostgreSQL it never applies migrations, so a tool pointed at the wrong
+// database changes nothing there. It returns the exit status on failure:
+// 1 for a missing, busy or out-of-date store, 2 for bad usage.
+func (s *storeFlags) openTool(name string, events bool, stderr io.Writer) (idem.Operator, int) {
+	if !s.postgres() {
+		return openExisting(name, s.dir, events, stderr)
+	}
+	log := newLogger(stderr)
+	opts := &pgstore.Options{Logger: log, Migrate: pgstore.MigrateRefuse}
+	if events {
+		opts.Events = log
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
+	db, err := pgstore.Open(ctx, s.dsn, opts)
+	if err != nil {
+		return nil, s.pgOpenFailed(name, err, stderr)
+	}
+	return db, 0
+}
+
+// pgOpenFailed prints why pgstore.Open failed and returns the exit status.
+// pgstore's errors never repeat the DSN.
+func (s *storeFlags) pgOpenFailed(name string, err error, stderr io.Writer) int {
+	switch {
+	case errors.Is(err, idem.ErrInvalidOptions):
+		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
+		return 2
+	case errors.Is(err, pgstore.ErrSchemaBehind):
+		fmt.Fprintf(stderr, "idem %s: %s has no idem schema, or an older one: %s.\n"+
+			"The tools never change the schema; if this is the right database, run idem migrate --store DSN (or start serve or proxy on it) first.\n",
+			name, s.where(), schemaDetail(err))
+	default:
+		fmt.Fprintf(stderr, "idem %s: %s: %v\n", name, s.where(), err)
+	}
+	return 1
+}
+
 // schemaDetail is what an ErrSchemaBehind says beyond its sentinel: the
 // version this build needs and the versions missing, without the hint
 // meant for programs that call pgstore.Open.
@@ -35,4 +179,48 @@ func schemaDetail(err error) string {
 	msg := strings.TrimPrefix(err.Error(), pgstore.ErrSchemaBehind.Error()+": ")
 	msg, _, _ = strings.Cut(msg, " (open with")
 	return msg
+}
+
+// sweepInterval is how often serve and proxy sweep a PostgreSQL store, as
+// the embedded store's background loop does by default.
+const sweepInterval = time.Minute
+
+// sweeping is a PostgreSQL store that deletes its expired records every
+// sweepInterval, which the embedded store does by itself. Replicas take
+// turns: a sweep that finds another replica sweeping does nothing. Close
+// stops the loop, then closes the store.
+type sweeping struct {
+	*pgstore.Store
+	stop      context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func newSweeping(db *pgstore.Store, log *slog.Logger) *sweeping {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &sweeping{Store: db, stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(sweepInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if _, err := db.Sweep(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("idem: sweeping expired records failed; trying again later", "err", err)
+			}
+		}
+	}()
+	return s
+}
+
+func (s *sweeping) Close() error {
+	s.closeOnce.Do(func() {
+		s.stop()
+		<-s.done
+	})
+	return s.Store.Close()
 }

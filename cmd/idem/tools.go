@@ -13,10 +13,10 @@ import (
 )
 
 // The operator tools (inspect, get, stats, check, compact, resolve) share
-// what is in this file: how they open a store, the flags that name a
-// record, and how a record is shown.
+// what is in this file: how they open an embedded store, the flags that
+// name a record, and how a record is shown. store.go opens either store.
 
-// openExisting opens the store in dir for the tool called name. Unlike
+// openExisting opens the embedded store in dir for the tool called name. Unlike
 // serve and proxy, a tool never creates a store, and it needs the
 // directory to itself: Pebble keeps one process per store, and reading
 // files that a running process compacts away is not safe. It returns the
@@ -40,7 +40,8 @@ func openExisting(name, dir string, events bool, stderr io.Writer) (idem.Operato
 	case errors.Is(err, idem.ErrLocked):
 		fmt.Fprintf(stderr, "idem %s: data directory %s is in use by another process, most likely a running idem serve or proxy.\n"+
 			"The tools need the store to themselves. While it runs, its /metrics and /healthz show the store's figures;\n"+
-			"to inspect or change records, stop it (SIGTERM lets requests in flight finish), run this again, then start it.\n", name, dir)
+			"to inspect or change records, stop it (SIGTERM lets requests in flight finish), run this again, then start it.\n"+
+			"(Records kept in PostgreSQL, with --store, can be inspected and changed while it runs.)\n", name, dir)
 	default:
 		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
 	}
@@ -91,6 +92,18 @@ func parseTool(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, don
 	}
 	if fs.NArg() > 0 {
 		return usageError(fs, stderr, "unexpected argument %q", fs.Arg(0)), true
+	}
+	return 0, false
+}
+
+// parseTool is parseTool for a tool that opens a store: a mistake in
+// --data or --store is a usage mistake too.
+func (s *storeFlags) parseTool(fs *flag.FlagSet, args []string, stderr io.Writer) (code int, done bool) {
+	if code, done := parseTool(fs, args, stderr); done {
+		return code, true
+	}
+	if err := s.validate(); err != nil {
+		return usageError(fs, stderr, "%v", err), true
 	}
 	return 0, false
 }

@@ -43,14 +43,21 @@ var bigBody = []byte(strings.Repeat("0123456789abcdef", 100<<10/16))
 // ten more minutes.
 func seedStore(t *testing.T, dir string) {
 	t.Helper()
-	now := time.Now()
-	at := now
+	var at time.Time
 	db, err := idem.Open(dir, &idem.Options{Now: func() time.Time { return at }, SweepInterval: -1,
 		Lease: 10 * time.Minute, TTL: 30 * 24 * time.Hour})
 	require.NoError(t, err)
+	seedRecords(t, db, &at)
+}
+
+// seedRecords is seedStore on any store whose clock reads *at; it closes
+// db.
+func seedRecords(t *testing.T, db idem.Store, at *time.Time) {
+	t.Helper()
+	now := time.Now()
 	ctx := context.Background()
 	claim := func(s idem.Scope, when time.Time) idem.Lease {
-		at = when
+		*at = when
 		l, rec, err := db.Claim(ctx, s, idem.Fingerprint{1, 2, 3})
 		require.NoError(t, err)
 		require.Nil(t, rec)
@@ -298,7 +305,10 @@ func TestStats(t *testing.T) {
 	assert.Equal(t, int64(1), st.Overdue)
 	assert.Equal(t, int64(1), st.Expired)
 	assert.InDelta(t, (2 * time.Hour).Seconds(), st.OldestInProgress, 60)
-	assert.Positive(t, st.DiskBytes)
+	require.NotNil(t, st.DiskBytes)
+	assert.Positive(t, *st.DiskBytes)
+	assert.NotNil(t, st.ReadAmp)
+	assert.Nil(t, st.TableBytes)
 
 	r = runIdem(t, "", "stats", "--data", dir)
 	require.Equal(t, 0, r.code, r.stderr)
@@ -435,7 +445,7 @@ func TestKeygen(t *testing.T) {
 }
 
 func TestToolHelp(t *testing.T) {
-	for _, name := range []string{"inspect", "get", "stats", "check", "compact", "resolve", "keygen"} {
+	for _, name := range []string{"inspect", "get", "stats", "check", "compact", "resolve", "keygen", "migrate"} {
 		r := runIdem(t, "", name, "--help")
 		assert.Equal(t, 0, r.code, name)
 		assert.Contains(t, r.stderr, "usage: idem "+name)
