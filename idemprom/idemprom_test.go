@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -17,7 +18,13 @@ import (
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemprom"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/internal/pgtest"
+	"github.com/idemkv/idem/pgstore"
 )
+
+// TestMain stops the PostgreSQL that pgtest may start for
+// TestCollectorOnPostgres.
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // gather collects reg and indexes the families by name.
 func gather(t *testing.T, reg *prometheus.Registry) map[string]*dto.MetricFamily {
@@ -148,6 +155,48 @@ func TestCollector(t *testing.T) {
 		assert.Equal(t, dto.MetricType_GAUGE, mfs[name].GetType(), name)
 	}
 	assert.NotContains(t, mfs, "idem_store_metrics", "the error descriptor only appears on failure")
+}
+
+// TestCollectorOnPostgres: the collector takes any contract.Operator. On
+// pgstore it exports the contract's series, counted the same way, beside
+// pgstore's own figures.
+func TestCollectorOnPostgres(t *testing.T) {
+	ctx := context.Background()
+	db, err := pgstore.Open(ctx, pgtest.DSN(t), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	reg := prometheus.NewRegistry()
+	c, err := idemprom.NewCollector(db)
+	require.NoError(t, err)
+	require.NoError(t, reg.Register(c))
+	assert.Equal(t, 0.0, value(t, gather(t, reg), "idem_claims_total"))
+
+	s := idem.Scope{Tenant: "acct_1", Endpoint: "POST /v1/payments", Key: "k1"}
+	fp := idem.Fingerprint(sha256.Sum256([]byte("a")))
+	lease, _, err := db.Claim(ctx, s, fp)
+	require.NoError(t, err)
+	mfs := gather(t, reg)
+	assert.Equal(t, 1.0, value(t, mfs, "idem_claims_total"))
+	assert.Equal(t, 1.0, value(t, mfs, "idem_in_progress_records"))
+
+	require.NoError(t, lease.Complete(ctx, idem.Response{Status: 201, Body: []byte("{}")}))
+	_, replay, err := db.Claim(ctx, s, fp)
+	require.NoError(t, err)
+	require.NotNil(t, replay)
+	mfs = gather(t, reg)
+	for name, v := range map[string]float64{
+		"idem_claims_total":        1,
+		"idem_replays_total":       1,
+		"idem_completions_total":   1,
+		"idem_in_progress_records": 0,
+		"idem_replay_ratio":        0.5,
+	} {
+		assert.Equal(t, v, value(t, mfs, name), name)
+	}
+	assert.Positive(t, value(t, mfs, "idem_pg_table_bytes"))
+	assert.Equal(t, 1.0, value(t, mfs, "idem_pg_listener_connected"))
+	assert.Equal(t, dto.MetricType_GAUGE, mfs["idem_pg_table_bytes"].GetType())
+	assert.NotContains(t, mfs, "idem_disk_usage_bytes", "Pebble's figures belong to the embedded store")
 }
 
 func TestCollectorExpiry(t *testing.T) {
