@@ -3,6 +3,7 @@ package idemclient_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -16,7 +17,13 @@ import (
 	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemclient"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/internal/pgtest"
+	"github.com/idemkv/idem/pgstore"
 )
+
+// TestMain stops the PostgreSQL that pgtest may start for the key store
+// kept in pgstore.
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // lookupStore is a KeyStore that can also be read back, as both of the
 // package's stores can.
@@ -38,7 +45,9 @@ type keyStoreImpl struct {
 // keyStoreImpls are the package's stores: in memory, where a restart is a
 // new Transport in the same process, and in a DB on an in-memory
 // filesystem, where a restart closes the DB and opens it again, with and
-// without a namespace.
+// without a namespace. StoreKeyStore takes any contract.Store, so it is
+// also tried on PostgreSQL, where a restart closes the pgstore.Store and
+// opens another on the same database.
 func keyStoreImpls() []keyStoreImpl {
 	inDB := func(ns string) keyStoreOpener {
 		return func(t testing.TB) (idemclient.KeyStore, func() idemclient.KeyStore) {
@@ -58,6 +67,21 @@ func keyStoreImpls() []keyStoreImpl {
 		}},
 		{name: "db", open: inDB("client-a")},
 		{name: "db without namespace", open: inDB("")},
+		{name: "postgres", open: func(t testing.TB) (idemclient.KeyStore, func() idemclient.KeyStore) {
+			dsn := pgtest.DSN(t)
+			open := func() *pgstore.Store {
+				db, err := pgstore.Open(context.Background(), dsn, nil)
+				require.NoError(t, err)
+				t.Cleanup(func() { db.Close() })
+				return db
+			}
+			db := open()
+			return idemclient.NewStoreKeyStore(db, "client-a"), func() idemclient.KeyStore {
+				require.NoError(t, db.Close()) // the process stops
+				db = open()
+				return idemclient.NewStoreKeyStore(db, "client-a")
+			}
+		}},
 	}
 }
 
