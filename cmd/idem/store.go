@@ -129,7 +129,7 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 	if err != nil {
 		return nil, s.pgOpenFailed(name, err, stderr)
 	}
-	return newSweeping(db, o.logger), 0
+	return newSweeping(db, sweepInterval, o.logger), 0
 }
 
 // openTool opens an existing store for the tool called name; events says
@@ -185,8 +185,8 @@ func schemaDetail(err error) string {
 // the embedded store's background loop does by default.
 const sweepInterval = time.Minute
 
-// sweeping is a PostgreSQL store that deletes its expired records every
-// sweepInterval, which the embedded store does by itself. Replicas take
+// sweeping is a PostgreSQL store that deletes its expired records at an
+// interval, which the embedded store does by itself. Replicas take
 // turns: a sweep that finds another replica sweeping does nothing. Close
 // stops the loop, then closes the store.
 type sweeping struct {
@@ -196,12 +196,12 @@ type sweeping struct {
 	closeOnce sync.Once
 }
 
-func newSweeping(db *pgstore.Store, log *slog.Logger) *sweeping {
+func newSweeping(db *pgstore.Store, every time.Duration, log *slog.Logger) *sweeping {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sweeping{Store: db, stop: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
-		tick := time.NewTicker(sweepInterval)
+		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
 			select {
