@@ -22,7 +22,7 @@ import (
 func runMigrate(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dsn := fs.String("store", "", "PostgreSQL connection string (postgres://user:password@host:port/db) (required)")
+	dsn := fs.String("store", "", "PostgreSQL connection string (postgres://user@host:port/db), required. "+passwordHint)
 	check := fs.Bool("check", false, "change nothing: only report whether migrations are missing (exit status 1 if so)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem migrate --store DSN [--check]

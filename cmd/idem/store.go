@@ -28,8 +28,13 @@ import (
 // defaultDataDir is --data's default.
 const defaultDataDir = "./idem-data"
 
-// storeHelp is --store's help, the same for every command.
-const storeHelp = "PostgreSQL connection string (postgres://user:password@host:port/db): keep the records there instead of in --data"
+// storeHelp is --store's help, the same for every command that has --data
+// too.
+const storeHelp = "PostgreSQL connection string (postgres://user@host:port/db): keep the records there instead of in --data. " + passwordHint
+
+// passwordHint ends the help of every --store flag. pgx reads PGPASSWORD
+// and ~/.pgpass, as libpq does.
+const passwordHint = "A password in it is never printed, but the process list shows it: PGPASSWORD or ~/.pgpass keep it out of sight"
 
 // toolStoreRule ends the help of every tool that opens a store.
 const toolStoreRule = `With --data the tool needs the directory to itself: a running serve or
