@@ -44,8 +44,10 @@ users at once: the tool runs while serve and proxy processes use the same
 database.
 `
 
-// openTimeout bounds connecting to PostgreSQL: an address that drops
-// packets fails the command instead of holding it for minutes.
+// openTimeout bounds opening a PostgreSQL store: an address that drops
+// packets fails the command instead of holding it for minutes. It covers
+// the migrations serve and proxy apply too; one cut off rolls back, and
+// idem migrate, which has no such bound, can apply it instead.
 const openTimeout = time.Minute
 
 // storeFlags are --data and --store.
