@@ -88,9 +88,16 @@ func openPostgres(e env) (system, error) {
 	return s, nil
 }
 
-func (s *postgresSystem) setup(ctx context.Context) error {
+// pgQuerier is what checkDurable needs of a pool or a connection.
+type pgQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// checkDurable refuses a server whose commits answer before they are on
+// disk.
+func checkDurable(ctx context.Context, q pgQuerier) error {
 	var sc string
-	if err := s.pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
+	if err := q.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
 		return err
 	}
 	// Every other setting flushes the local WAL before a commit answers.
@@ -98,11 +105,18 @@ func (s *postgresSystem) setup(ctx context.Context) error {
 		return errors.New("synchronous_commit is off: commits would answer before they are durable, so the comparison would be unfair")
 	}
 	var fsync string
-	if err := s.pool.QueryRow(ctx, "SHOW fsync").Scan(&fsync); err != nil {
+	if err := q.QueryRow(ctx, "SHOW fsync").Scan(&fsync); err != nil {
 		return err
 	}
 	if fsync != "on" {
 		return fmt.Errorf("fsync is %s: commits would not be durable, so the comparison would be unfair", fsync)
+	}
+	return nil
+}
+
+func (s *postgresSystem) setup(ctx context.Context) error {
+	if err := checkDurable(ctx, s.pool); err != nil {
+		return err
 	}
 	for _, q := range []string{
 		"DROP SCHEMA IF EXISTS " + pgSchema + " CASCADE",

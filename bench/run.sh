@@ -154,10 +154,10 @@ start_redis() {
 }
 
 if start_postgres; then
-  systems+=,postgres
+  systems+=,postgres,pgstore
   harness_args+=(-pg "postgres://bench@127.0.0.1:$pg_port/postgres?sslmode=disable")
 else
-  say "skipping postgres"
+  say "skipping postgres and pgstore"
 fi
 if start_redis; then
   systems+=,redis

@@ -41,6 +41,7 @@ var palette = map[string]string{
 	"pebble":       "#7f7f7f",
 	"pebble-tuned": "#bcbd22",
 	"postgres":     "#2ca02c",
+	"pgstore":      "#98df8a",
 	"redis":        "#d62728",
 	"disk":         "#000000",
 }

@@ -213,6 +213,7 @@ var openers = map[string]func(env) (system, error){
 	"pebble":       func(e env) (system, error) { return openPebble(e, false) },
 	"pebble-tuned": func(e env) (system, error) { return openPebble(e, true) },
 	"postgres":     openPostgres,
+	"pgstore":      openPgstore,
 	"redis":        openRedis,
 	"disk":         openDisk,
 }
