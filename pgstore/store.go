@@ -329,16 +329,20 @@ const sqlLockNotAvailable = "55P03"
 // replay if that transaction completed the key, the key if it rolled
 // back, and ErrInProgress if it is still open.
 func (s *Store) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
-	l, rec, err := s.claim(ctx, s.pool, nil, sc, fp)
+	l, rec, err := s.claim(ctx, nil, sc, fp)
 	if l == nil {
 		return nil, rec, err // not a nil *lease in a non-nil interface
 	}
 	return l, nil, nil
 }
 
-// claim claims sc on q: the pool, or the caller's transaction tx (then q
-// is tx too).
-func (s *Store) claim(ctx context.Context, q querier, tx pgx.Tx, sc contract.Scope, fp contract.Fingerprint) (*lease, *contract.Record, error) {
+// claim claims sc in tx, the caller's transaction, or on the pool when tx
+// is nil. The lease it grants runs on the same.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp contract.Fingerprint) (*lease, *contract.Record, error) {
+	var q querier = s.pool
+	if tx != nil {
+		q = tx
+	}
 	if err := validate(sc); err != nil {
 		return nil, nil, err
 	}
@@ -357,7 +361,7 @@ func (s *Store) claim(ctx context.Context, q querier, tx pgx.Tx, sc contract.Sco
 			err error
 		)
 		if tx == nil {
-			r, err = s.insertClaim(ctx, q, args)
+			r, err = s.insertClaim(ctx, args)
 		} else {
 			r, err = s.insertClaimTx(ctx, tx, args)
 		}
@@ -394,11 +398,11 @@ func (s *Store) claim(ctx context.Context, q querier, tx pgx.Tx, sc contract.Sco
 // implicit transaction, which commits when the batch ends: the claim is
 // durable only once Close reports no error, so an error from Close, such
 // as a connection lost before the answer, is the claim's error.
-func (s *Store) insertClaim(ctx context.Context, q querier, args []any) (*row, error) {
+func (s *Store) insertClaim(ctx context.Context, args []any) (*row, error) {
 	b := &pgx.Batch{}
 	b.Queue(lockTimeoutSQL, s.lockTimeout)
 	b.Queue(claimSQL, args...)
-	br := q.SendBatch(ctx, b)
+	br := s.pool.SendBatch(ctx, b)
 	_, err := br.Exec()
 	var r *row
 	if err == nil {

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 
@@ -39,7 +40,10 @@ import (
 // isolation, a key committed by another transaction after tx's snapshot
 // is a serialization failure (SQLSTATE 40001): roll back and start over.
 func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
-	l, rec, err := s.claim(ctx, tx, tx, sc, fp)
+	if tx == nil {
+		return nil, nil, errors.New("pgstore: ClaimTx needs a transaction")
+	}
+	l, rec, err := s.claim(ctx, tx, sc, fp)
 	if l == nil {
 		return nil, rec, err // not a nil *lease in a non-nil interface
 	}

@@ -408,3 +408,37 @@ func TestClaimTxNotifiesAtCommit(t *testing.T) {
 	assert.Equal(t, "before-commit", got[0])
 	assert.NotEqual(t, "before-commit", got[1])
 }
+
+// The bound on a claim's wait lasts for the claim's statement only, also
+// in the simple protocol that poolers such as PgBouncer need: on a pool of
+// one connection, what runs after a claim that timed out, and after the
+// claim of InTx, runs with the server's own lock_timeout.
+func TestClaimWaitLeavesSessionAlone(t *testing.T) {
+	for _, mode := range []string{"cache_statement", "simple_protocol"} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			e := newTxEnv(t, nil)
+			var serverDefault string
+			require.NoError(t, e.look.QueryRow(t.Context(), "SHOW lock_timeout").Scan(&serverDefault))
+			s := open(t, e.dsn+"&pool_max_conns=1&default_query_exec_mode="+mode, &pgstore.Options{ClaimWait: 50 * time.Millisecond})
+			tx := e.begin(t)
+			_, _, err := e.a.ClaimTx(t.Context(), tx, scope("held"), fp)
+			require.NoError(t, err)
+
+			_, _, err = s.Claim(t.Context(), scope("held"), fp)
+			require.ErrorIs(t, err, contract.ErrInProgress)
+			_, _, err = s.InTx(t.Context(), scope("k"), fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+				var lockTimeout string
+				require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&lockTimeout))
+				assert.Equal(t, serverDefault, lockTimeout)
+				pay(t, tx, "k")
+				return created, nil
+			})
+			require.NoError(t, err)
+			assert.Equal(t, 1, e.payments(t, "k"))
+			_, rec, err := s.Claim(t.Context(), scope("k"), fp)
+			require.NoError(t, err)
+			require.NotNil(t, rec)
+			assert.Equal(t, created.Body, rec.Response.Body)
+		})
+	}
+}
