@@ -93,7 +93,7 @@ func (l *lease) MarkFailed(ctx context.Context) error {
 }
 
 // settle moves the record out of progress into st.
-func (l *lease) settle(ctx context.Context, st contract.State, e contract.Event, status any, hdr, body []byte, bodyLen int64, digest []byte, omitted bool) error {
+func (l *lease) settle(ctx context.Context, st contract.State, e contract.Event, status, hdr any, body []byte, bodyLen int64, digest []byte, omitted bool) error {
 	return l.call(ctx, func(now time.Time) error {
 		r, err := scanRecord(l.q.QueryRow(ctx, settleSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
 			int16(st), status, hdr, body, bodyLen, digest, omitted, notifyChannel, scopeTag(l.scope)), nil)

@@ -284,12 +284,18 @@ func cloneRecord(rec contract.Record) contract.Record {
 	return rec
 }
 
-// encodeHeader is what response_headers holds for h: NULL for none.
-func encodeHeader(h http.Header) ([]byte, error) {
+// encodeHeader is what response_headers holds for h: NULL for none. The
+// JSON goes as a string: the simple protocol (poolers such as PgBouncer)
+// sends a []byte as a bytea literal, which is not JSON.
+func encodeHeader(h http.Header) (any, error) {
 	if len(h) == 0 {
 		return nil, nil
 	}
-	return json.Marshal(h)
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	return string(b), nil
 }
 
 // claimSQL inserts a fresh claim, or replaces a record that has expired,

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -90,7 +91,8 @@ func (e *txEnv) awaitLockWait(t *testing.T) {
 	}, wakeBound, 5*time.Millisecond, "no claim waits on the open transaction")
 }
 
-var created = contract.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}
+var created = contract.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+	Body: []byte(`{"id":"pay_1"}`)}
 
 type claimResult struct {
 	l   contract.Lease
@@ -438,6 +440,7 @@ func TestClaimWaitLeavesSessionAlone(t *testing.T) {
 			_, rec, err := s.Claim(t.Context(), scope("k"), fp)
 			require.NoError(t, err)
 			require.NotNil(t, rec)
+			assert.Equal(t, created.Header, rec.Response.Header)
 			assert.Equal(t, created.Body, rec.Response.Body)
 		})
 	}
