@@ -330,7 +330,7 @@ const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
 const sqlLockNotAvailable = "55P03"
 
 // Claim tries to take the key in s, as contract.Store.Claim says. While
-// a transaction that claimed the same key with ClaimTx is still open,
+// a transaction that claimed the same key (ClaimTx, InTx) is still open,
 // Claim waits for it to end, at most Options.ClaimWait: then it gets the
 // replay if that transaction completed the key, the key if it rolled
 // back, and ErrInProgress if it is still open.

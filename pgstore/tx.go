@@ -11,9 +11,9 @@ import (
 
 // ClaimTx claims the key in sc inside tx, a transaction the caller began
 // on the store's database, so that the operation's own writes and its
-// outcome commit together. It answers as Claim does, in read committed
-// isolation: a lease when the key is the caller's, the record to replay,
-// or a *contract.KeyError; exactly one of them is non-nil.
+// outcome commit together. It answers as Claim does: a lease when the key
+// is the caller's, the record to replay, or a *contract.KeyError; exactly
+// one of them is non-nil.
 //
 // The lease's calls run on tx, and nothing the claim and the lease write
 // is visible to anyone else before tx commits. Until then a concurrent
@@ -36,9 +36,12 @@ import (
 // or an error, unless the connection itself failed; tx's lock_timeout is
 // left as it was. Like tx, the lease is not safe for use concurrently
 // with other statements on tx. Events are counted when each call runs,
-// even if tx then rolls back. At repeatable read or serializable
-// isolation, a key committed by another transaction after tx's snapshot
-// is a serialization failure (SQLSTATE 40001): roll back and start over.
+// even if tx then rolls back.
+//
+// All this holds at read committed, PostgreSQL's default isolation. At
+// repeatable read or serializable, a key that another transaction
+// committed after tx took its snapshot is a serialization failure
+// (SQLSTATE 40001, in a *pgconn.PgError): roll back and start over.
 func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
 	if tx == nil {
 		return nil, nil, errors.New("pgstore: ClaimTx needs a transaction")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -444,4 +445,36 @@ func TestClaimWaitLeavesSessionAlone(t *testing.T) {
 			assert.Equal(t, created.Body, rec.Response.Body)
 		})
 	}
+}
+
+// At repeatable read, a key completed after the transaction's snapshot
+// is a serialization failure the caller can recognise, not a replay it
+// cannot see nor a second run.
+func TestClaimTxRepeatableRead(t *testing.T) {
+	e := newTxEnv(t, nil)
+	tx, err := connect(t, e.dsn).BeginTx(t.Context(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	require.Equal(t, 0, countIn(t, tx)) // takes the snapshot
+
+	_, _, err = e.b.InTx(t.Context(), scope("k"), fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+		pay(t, tx, "k")
+		return created, nil
+	})
+	require.NoError(t, err)
+
+	l, rec, err := e.a.ClaimTx(t.Context(), tx, scope("k"), fp)
+	assert.Nil(t, l)
+	assert.Nil(t, rec)
+	var pe *pgconn.PgError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, "40001", pe.Code)
+}
+
+// countIn counts the payments tx sees.
+func countIn(t *testing.T, tx pgx.Tx) int {
+	t.Helper()
+	var n int
+	require.NoError(t, tx.QueryRow(t.Context(), `SELECT count(*) FROM payments`).Scan(&n))
+	return n
 }
