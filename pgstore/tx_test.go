@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
 	"github.com/idemkv/idem/pgstore"
 )
@@ -477,4 +478,33 @@ func countIn(t *testing.T, tx pgx.Tx) int {
 	var n int
 	require.NoError(t, tx.QueryRow(t.Context(), `SELECT count(*) FROM payments`).Scan(&n))
 	return n
+}
+
+// A transaction that took over an expired record holds its row; a sweep
+// leaves it alone instead of waiting for the transaction.
+func TestClaimTxSweepSkipsHeldRow(t *testing.T) {
+	clock := idemtest.NewClock()
+	e := newTxEnv(t, func(o *pgstore.Options) { o.Now = clock.Now; o.TTL = time.Hour })
+	for _, k := range []string{"k", "other"} {
+		l, _, err := e.a.Claim(t.Context(), scope(k), fp)
+		require.NoError(t, err)
+		require.NoError(t, l.Complete(t.Context(), created))
+	}
+	clock.Advance(time.Hour)
+
+	tx := e.begin(t)
+	l, _, err := e.a.ClaimTx(t.Context(), tx, scope("k"), fp)
+	require.NoError(t, err, "the expired record is taken over")
+	ctx, cancel := context.WithTimeout(t.Context(), wakeBound)
+	defer cancel()
+	res, err := e.b.Sweep(ctx)
+	require.NoError(t, err, "the sweep waited for the transaction")
+	assert.Equal(t, 1, res.Records)
+
+	require.NoError(t, l.Complete(t.Context(), created))
+	require.NoError(t, tx.Commit(t.Context()))
+	_, err = e.b.Get(t.Context(), scope("k"))
+	require.NoError(t, err)
+	_, err = e.b.Get(t.Context(), scope("other"))
+	require.ErrorIs(t, err, contract.ErrNotFound)
 }
