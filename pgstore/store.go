@@ -448,10 +448,13 @@ func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any) (*row,
 	if cerr := br.Close(); cerr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
 		err = cerr
 	}
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		// Rolling back to the savepoint undoes the claim and the setting.
-		// Without arguments Exec uses the simple protocol, which an
-		// aborted transaction accepts: it prepares nothing.
+	if err != nil {
+		// Rolling back to the savepoint undoes the setting, and releases
+		// the lock that ON CONFLICT takes on a live record it leaves
+		// alone: kept until tx ends, it would hold up that record's
+		// holder and every other claim of the key. Without arguments Exec
+		// uses the simple protocol, which an aborted transaction accepts:
+		// it prepares nothing.
 		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idem_claim; RELEASE SAVEPOINT idem_claim"); rerr != nil {
 			return nil, rerr // tx is unusable; what it refused no longer matters
 		}
@@ -460,10 +463,10 @@ func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any) (*row,
 	b = &pgx.Batch{}
 	b.Queue(lockTimeoutSQL, prev)
 	b.Queue("RELEASE SAVEPOINT idem_claim")
-	if rerr := tx.SendBatch(ctx, b).Close(); rerr != nil {
-		return nil, rerr
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
 	}
-	return r, err
+	return r, nil
 }
 
 // answer decides what a claim of the live record rec gets. The

@@ -34,7 +34,9 @@ import (
 //
 // The claim runs under a savepoint, so tx stays usable after a refusal
 // or an error, unless the connection itself failed; tx's lock_timeout is
-// left as it was. Like tx, the lease is not safe for use concurrently
+// left as it was. A replay or a refusal leaves no lock in tx: the
+// record's holder and other claims of the key go on as if tx were not
+// there. Like tx, the lease is not safe for use concurrently
 // with other statements on tx. Events are counted when each call runs,
 // even if tx then rolls back.
 //

@@ -508,3 +508,34 @@ func TestClaimTxSweepSkipsHeldRow(t *testing.T) {
 	_, err = e.b.Get(t.Context(), scope("other"))
 	require.ErrorIs(t, err, contract.ErrNotFound)
 }
+
+// A claim in a transaction that meets a live record, and so replays it or
+// is refused, leaves no lock on it behind: while that transaction stays
+// open, others claim the key and its holder completes it as usual.
+func TestClaimTxRefusalHoldsNoLock(t *testing.T) {
+	e := newTxEnv(t, nil)
+	ctx, cancel := context.WithTimeout(t.Context(), wakeBound)
+	defer cancel()
+	_, _, err := e.a.InTx(ctx, scope("done"), fp, func(context.Context, pgx.Tx) (contract.Response, error) {
+		return created, nil
+	})
+	require.NoError(t, err)
+	held, _, err := e.a.Claim(ctx, scope("held"), fp)
+	require.NoError(t, err)
+
+	tx := e.begin(t)
+	_, rec, err := e.b.ClaimTx(ctx, tx, scope("done"), fp)
+	require.NoError(t, err)
+	require.NotNil(t, rec)
+	_, _, err = e.b.ClaimTx(ctx, tx, scope("held"), fp)
+	require.ErrorIs(t, err, contract.ErrInProgress)
+
+	// tx is still open.
+	_, rec, err = e.a.Claim(ctx, scope("done"), fp)
+	require.NoError(t, err, "a claim waited for a transaction that only replayed the key")
+	require.NotNil(t, rec)
+	require.NoError(t, held.Complete(ctx, created), "the holder waited for a transaction that was refused the key")
+	_, rec, err = e.a.Claim(ctx, scope("held"), fp)
+	require.NoError(t, err)
+	require.NotNil(t, rec)
+}
