@@ -55,10 +55,11 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp co
 	return l, nil, nil
 }
 
-// InTx runs fn at most once for the operation that sc and fp name, in one
-// transaction with its claim and its outcome: the managed form of
-// ClaimTx, which most callers want. It begins a transaction on the
-// store's pool, claims the key in it and then:
+// InTx runs fn in one transaction with the claim of the key in sc and the
+// completion of fn's response, so that the operation's writes commit at
+// most once: the managed form of ClaimTx, which most callers want. It
+// begins a transaction on the store's pool, claims the key in it and
+// then:
 //
 //   - returns the stored response with replayed set when the key was
 //     completed with the same fingerprint, without running fn;
@@ -67,7 +68,8 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp co
 //   - otherwise runs fn with the transaction, in which fn writes the
 //     operation's rows. When fn returns a nil error, its response is
 //     completed in the transaction, the transaction commits, and the
-//     response is returned. When fn returns an error or panics, the
+//     response is returned. When fn returns an error or panics, or its
+//     response cannot be stored (contract.ErrInvalidResponse), the
 //     transaction rolls back, the key stays free and the error is
 //     returned (the panic raised again).
 //
