@@ -13,11 +13,14 @@ const sweepBatch = 1000
 
 // sweepSQL deletes up to $2 records expired by $1. The outer condition on
 // expires_at is checked again on the row as it is when locked, so a
-// record a claim took over meanwhile is kept.
+// record a claim took over meanwhile is kept. Rows locked by a
+// transaction still open, such as a ClaimTx taking over an expired
+// record, are skipped rather than waited for.
 const sweepSQL = `
 DELETE FROM idempotency_keys
 WHERE (tenant, endpoint, idem_key) IN (
-	SELECT tenant, endpoint, idem_key FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2)
+	SELECT tenant, endpoint, idem_key FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2
+	FOR UPDATE SKIP LOCKED)
 	AND expires_at <= $1
 RETURNING ` + columnsNoBody + `,
 	octet_length(tenant) + octet_length(endpoint) + octet_length(idem_key)
