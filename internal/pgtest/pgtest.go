@@ -38,11 +38,16 @@ const EnvRequired = "IDEM_PG_REQUIRED"
 const Install = "install PostgreSQL (Debian: apt-get install postgresql) or set " + EnvDSN + " to a server's DSN"
 
 var (
-	once    sync.Once
-	admin   string // DSN of the server's maintenance database
+	once  sync.Once
+	admin string // DSN of the server's maintenance database
+	setup error
+
+	// mu guards the throwaway cluster's fields below, which Restart
+	// changes while tests run.
+	mu      sync.Mutex
 	cluster *exec.Cmd
+	launch  func() (*exec.Cmd, error) // starts the server on its data directory and port
 	dataDir string
-	setup   error
 )
 
 // DSN returns the DSN of a new, empty database for t. The first call
@@ -139,50 +144,117 @@ func start() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cluster = exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-h", "127.0.0.1", "-p", strconv.Itoa(port),
-		"-k", dataDir, "-c", "max_connections=200", "-c", "shared_buffers=32MB")
-	cluster.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
-	logf, err := os.Create(filepath.Join(dataDir, "server.log"))
+	logPath := filepath.Join(dataDir, "server.log")
+	launch = func() (*exec.Cmd, error) {
+		cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-h", "127.0.0.1", "-p", strconv.Itoa(port),
+			"-k", dataDir, "-c", "max_connections=200", "-c", "shared_buffers=32MB")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+		logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, err
+		}
+		defer logf.Close() // the server holds its own copy
+		if cred != nil {
+			os.Chown(logPath, int(cred.Uid), int(cred.Gid))
+		}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start postgres: %v", err)
+		}
+		return cmd, nil
+	}
+	mu.Lock()
+	cluster, err = launch()
+	mu.Unlock()
 	if err != nil {
 		return "", err
 	}
-	if cred != nil {
-		os.Chown(logf.Name(), int(cred.Uid), int(cred.Gid))
-	}
-	cluster.Stdout, cluster.Stderr = logf, logf
-	if err := cluster.Start(); err != nil {
-		return "", fmt.Errorf("start postgres: %v", err)
-	}
 	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	if err := waitAccepting(dsn, logPath); err != nil {
+		stop()
+		return "", err
+	}
+	return dsn, nil
+}
+
+// waitAccepting waits until the server at dsn accepts connections, at most
+// 30 seconds, which covers crash recovery after an immediate stop.
+func waitAccepting(dsn, logPath string) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		conn, err := pgx.Connect(context.Background(), dsn)
 		if err == nil {
 			conn.Close(context.Background())
-			return dsn, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(logf.Name())
-			stop()
-			return "", fmt.Errorf("postgres did not start: %v: %s", err, lastLines(log))
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("postgres does not accept connections: %v: %s", err, lastLines(log))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Restartable reports whether Restart can restart the server: only a
+// throwaway cluster that pgtest started itself, never the server
+// IDEM_TEST_PG names.
+func Restartable() bool { return os.Getenv(EnvDSN) == "" }
+
+// Restart stops the throwaway cluster in immediate mode (SIGQUIT to the
+// postmaster: every connection is cut and nothing is checkpointed, as in
+// a crash of the server), starts it again on the same data directory and
+// port, and returns once it accepts connections again, after crash
+// recovery. Databases and committed rows survive; connections do not.
+// Call it after DSN. It fails t when IDEM_TEST_PG names the server, which
+// pgtest cannot restart: check Restartable first.
+func Restart(t testing.TB) {
+	t.Helper()
+	if !Restartable() {
+		t.Fatalf("pgtest: cannot restart the server %s names; only a throwaway cluster is restarted", EnvDSN)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if cluster == nil || setup != nil {
+		t.Fatal("pgtest: Restart before DSN started a cluster")
+	}
+	if err := cluster.Process.Signal(syscall.SIGQUIT); err != nil {
+		t.Fatalf("pgtest: stop postgres: %v", err)
+	}
+	if !waitExit(cluster, 30*time.Second) {
+		t.Fatal("pgtest: postgres did not stop within 30s of SIGQUIT; killed")
+	}
+	var err error
+	if cluster, err = launch(); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	if err := waitAccepting(admin, filepath.Join(dataDir, "server.log")); err != nil {
+		t.Fatalf("pgtest: restart: %v", err)
+	}
+}
+
+// waitExit waits for cmd to exit, at most d, and reports whether it did;
+// past d it kills cmd.
+func waitExit(cmd *exec.Cmd, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		cmd.Process.Kill()
+		<-done
+		return false
 	}
 }
 
 // stop stops the throwaway cluster by its PID (fast shutdown) and removes
 // its directory.
 func stop() {
+	mu.Lock()
+	defer mu.Unlock()
 	if cluster != nil && cluster.Process != nil {
 		cluster.Process.Signal(syscall.SIGINT)
-		done := make(chan struct{})
-		go func() { cluster.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cluster.Process.Kill()
-			<-done
-		}
+		waitExit(cluster, 10*time.Second)
 		cluster = nil
 	}
 	if dataDir != "" {
