@@ -54,8 +54,20 @@ func (u *upstreamProc) executions(t *testing.T) int {
 // proxyArgs are the flags every campaign proxy gets: keys scoped by the
 // X-Tenant header, no admin listener unless asked, no event lines.
 func proxyArgs(data, listen, upstream string, extra ...string) []string {
-	return append([]string{"proxy", "--data", data, "--listen", listen, "--admin", "", "--upstream", upstream,
-		"--tenant-from", "header:" + crashtest.TenantHeader, "--events=false"}, extra...)
+	return storeProxyArgs([]string{"--data", data}, listen, upstream, extra...)
+}
+
+// pgProxyArgs are proxyArgs for a replica that keeps its records in the
+// PostgreSQL database dsn.
+func pgProxyArgs(dsn, listen, upstream string, extra ...string) []string {
+	return storeProxyArgs([]string{"--store", dsn}, listen, upstream, extra...)
+}
+
+func storeProxyArgs(store []string, listen, upstream string, extra ...string) []string {
+	args := append([]string{"proxy"}, store...)
+	args = append(args, "--listen", listen, "--admin", "", "--upstream", upstream,
+		"--tenant-from", "header:"+crashtest.TenantHeader, "--events=false")
+	return append(args, extra...)
 }
 
 // startProxy starts an idem proxy and waits for its listening line. The
