@@ -4,7 +4,10 @@
 // in front of an upstream that journals every execution durably, injects
 // read, write, sync and disk-full faults under the store, sends hostile
 // input through the middleware and the proxy, soaks the proxy with
-// concurrent clients, and checks tenant isolation as a property.
+// concurrent clients, and checks tenant isolation as a property. On
+// PostgreSQL it kills replicas that share one database and restarts the
+// server under load, and sends hostile input and several tenants' keys
+// through replicas.
 //
 // `go test ./...` runs a CI-sized campaign. The flags make it longer:
 //
