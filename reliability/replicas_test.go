@@ -290,6 +290,9 @@ func TestReplicaKillCampaign(t *testing.T) {
 	assert.Empty(t, c.violations)
 	assert.Empty(t, c.unexpected, "answers outside the contract")
 	assert.Zero(t, lost, "acknowledged results lost")
+	if restarts > 0 {
+		assert.Positive(t, c.unavailable.Load(), "no request met the server's outage")
+	}
 	var acked, cutOff int
 	for _, k := range c.keys {
 		if k.ack != nil && !k.interrupted {

@@ -1,6 +1,8 @@
 // Package pgtest gives tests a PostgreSQL database of their own: on the
 // server IDEM_TEST_PG names, or on a throwaway cluster it starts from the
 // installed PostgreSQL binaries and stops when the test binary ends.
+// Restart crashes that cluster and starts it again, for tests of a server
+// outage.
 package pgtest
 
 import (
