@@ -79,10 +79,11 @@ type proxyStore struct {
 // the embedded store in a directory, and PostgreSQL, where any number of
 // replicas share one database.
 var proxyStores = []struct {
-	name string
-	new  func(t *testing.T) proxyStore
+	name     string
+	replicas int // how many proxies a test may run on one store at once
+	new      func(t *testing.T) proxyStore
 }{
-	{"pebble", func(t *testing.T) proxyStore {
+	{"pebble", 1, func(t *testing.T) proxyStore {
 		data := t.TempDir()
 		return proxyStore{
 			args: func(listen, upstream string, extra ...string) []string {
@@ -96,7 +97,7 @@ var proxyStores = []struct {
 			},
 		}
 	}},
-	{"postgres", func(t *testing.T) proxyStore {
+	{"postgres", replicaCount, func(t *testing.T) proxyStore {
 		dsn := pgtest.DSN(t)
 		return proxyStore{
 			args: func(listen, upstream string, extra ...string) []string {

@@ -308,13 +308,9 @@ func TestTenantIsolationProxy(t *testing.T) {
 		t.Run("store="+ps.name, func(t *testing.T) {
 			store := ps.new(t)
 			up := startUpstream(t, 0)
-			replicas := 1
-			if ps.name == "postgres" {
-				replicas = 3
-			}
 			var procs []*crashtest.Process
 			var urls []string
-			for range replicas {
+			for range ps.replicas {
 				p, url := startProxy(t, store.args("127.0.0.1:0", up.url))
 				procs, urls = append(procs, p), append(urls, url)
 			}
