@@ -48,9 +48,11 @@ import (
 // only calls the upstream under a stored claim.
 
 // replicaLease is short so that a killed replica's keys turn
-// outcome_pending within a second, which each round waits for.
+// outcome_pending soon, which each round waits for; and long beside the
+// few milliseconds a live replica takes to store an outcome, which must
+// never find its key already answered outcome_pending by another replica.
 const (
-	replicaLease    = time.Second
+	replicaLease    = 2 * time.Second
 	replicaCount    = 3
 	pgRestartPeriod = 30 // rounds between two restarts of the server
 )
@@ -123,8 +125,8 @@ func (c *replicaCampaign) observe(k *keyRun, r reply) {
 
 // settled sends k to the replica at url until no replica holds the key:
 // request_in_progress comes from a lease still running, the dead
-// replica's until it ends (a second at most) or a live replica's until
-// it stores the outcome; store_unavailable, during an outage round, from
+// replica's until it ends or a live replica's until it stores the
+// outcome; store_unavailable, during an outage round, from
 // connections that the restart broke. The answer after those is final.
 func (c *replicaCampaign) settled(t *testing.T, client *http.Client, url string, k *keyRun) reply {
 	t.Helper()
