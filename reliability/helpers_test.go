@@ -124,6 +124,7 @@ func allRecords(t *testing.T, db idem.Operator) []*idem.Record {
 	return out
 }
 
+// storeProxyArgs are proxyArgs with the flags that name the store.
 func storeProxyArgs(store []string, listen, upstream string, extra ...string) []string {
 	args := append([]string{"proxy"}, store...)
 	args = append(args, "--listen", listen, "--admin", "", "--upstream", upstream,
