@@ -13,8 +13,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/crashtest"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/internal/pgtest"
+	"github.com/idemkv/idem/pgstore"
 )
 
 // guard bounds every wait for a process or a condition. It only turns a
@@ -54,8 +57,79 @@ func (u *upstreamProc) executions(t *testing.T) int {
 // proxyArgs are the flags every campaign proxy gets: keys scoped by the
 // X-Tenant header, no admin listener unless asked, no event lines.
 func proxyArgs(data, listen, upstream string, extra ...string) []string {
-	return append([]string{"proxy", "--data", data, "--listen", listen, "--admin", "", "--upstream", upstream,
-		"--tenant-from", "header:" + crashtest.TenantHeader, "--events=false"}, extra...)
+	return storeProxyArgs([]string{"--data", data}, listen, upstream, extra...)
+}
+
+// pgProxyArgs are proxyArgs for a replica that keeps its records in the
+// PostgreSQL database dsn.
+func pgProxyArgs(dsn, listen, upstream string, extra ...string) []string {
+	return storeProxyArgs([]string{"--store", dsn}, listen, upstream, extra...)
+}
+
+// proxyStore is a new, empty store for campaign proxies.
+type proxyStore struct {
+	// args returns the proxy's arguments, as proxyArgs does.
+	args func(listen, upstream string, extra ...string) []string
+	// records returns every record in the store, read with the library
+	// once the proxies have stopped.
+	records func(t *testing.T) []*idem.Record
+}
+
+// proxyStores are the stores a campaign runs its proxies on, by name:
+// the embedded store in a directory, and PostgreSQL, where any number of
+// replicas share one database.
+var proxyStores = []struct {
+	name     string
+	replicas int // how many proxies a test may run on one store at once
+	new      func(t *testing.T) proxyStore
+}{
+	{"pebble", 1, func(t *testing.T) proxyStore {
+		data := t.TempDir()
+		return proxyStore{
+			args: func(listen, upstream string, extra ...string) []string {
+				return proxyArgs(data, listen, upstream, extra...)
+			},
+			records: func(t *testing.T) []*idem.Record {
+				db, err := idem.Open(data, &idem.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
+				require.NoError(t, err)
+				defer db.Close()
+				return allRecords(t, db)
+			},
+		}
+	}},
+	{"postgres", replicaCount, func(t *testing.T) proxyStore {
+		dsn := pgtest.DSN(t)
+		return proxyStore{
+			args: func(listen, upstream string, extra ...string) []string {
+				return pgProxyArgs(dsn, listen, upstream, extra...)
+			},
+			records: func(t *testing.T) []*idem.Record {
+				db, err := pgstore.Open(context.Background(), dsn, &pgstore.Options{Migrate: pgstore.MigrateRefuse, Logger: quietLogger()})
+				require.NoError(t, err)
+				defer db.Close()
+				return allRecords(t, db)
+			},
+		}
+	}},
+}
+
+// allRecords returns every record in db, expired or not.
+func allRecords(t *testing.T, db idem.Operator) []*idem.Record {
+	t.Helper()
+	var out []*idem.Record
+	for rec, err := range db.Records(context.Background(), idem.Filter{Expired: true}) {
+		require.NoError(t, err)
+		out = append(out, rec)
+	}
+	return out
+}
+
+// storeProxyArgs are proxyArgs with the flags that name the store.
+func storeProxyArgs(store []string, listen, upstream string, extra ...string) []string {
+	args := append([]string{"proxy"}, store...)
+	args = append(args, "--listen", listen, "--admin", "", "--upstream", upstream,
+		"--tenant-from", "header:"+crashtest.TenantHeader, "--events=false")
+	return append(args, extra...)
 }
 
 // startProxy starts an idem proxy and waits for its listening line. The

@@ -277,11 +277,17 @@ func hangsUp(t *testing.T, addr, msg string, pace time.Duration) bool {
 // proxy, plus what only a raw connection can send (broken framing,
 // oversized headers, control bytes, a slow-loris client). The upstream
 // journal must stay empty but for the control requests, and the store must
-// hold only theirs.
+// hold only theirs. It runs once on each store: a proxy with --data, and a
+// replica with --store on PostgreSQL.
 func TestHostileInputProxy(t *testing.T) {
+	for _, ps := range proxyStores {
+		t.Run("store="+ps.name, func(t *testing.T) { hostileInputProxy(t, ps.new(t)) })
+	}
+}
+
+func hostileInputProxy(t *testing.T, store proxyStore) {
 	up := startUpstream(t, 0)
-	data := t.TempDir()
-	proxy, url := startProxy(t, proxyArgs(data, "127.0.0.1:0", up.url))
+	proxy, url := startProxy(t, store.args("127.0.0.1:0", up.url))
 	addr := strings.TrimPrefix(url, "http://")
 	client := newClient()
 
@@ -367,15 +373,7 @@ func TestHostileInputProxy(t *testing.T) {
 	code, err := proxy.Wait(guard)
 	require.NoError(t, err)
 	require.Equal(t, 0, code, proxy.Stderr())
-	db, err := idem.Open(data, &idem.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
-	require.NoError(t, err)
-	defer db.Close()
-	n := 0
-	for _, err := range db.Records(context.Background(), idem.Filter{Expired: true}) {
-		require.NoError(t, err)
-		n++
-	}
-	assert.Equal(t, 3, n, "only the three tenant requests may be stored")
+	assert.Len(t, store.records(t), 3, "only the three tenant requests may be stored")
 	total := 0
 	for _, v := range classes {
 		total += v

@@ -4,11 +4,15 @@
 // in front of an upstream that journals every execution durably, injects
 // read, write, sync and disk-full faults under the store, sends hostile
 // input through the middleware and the proxy, soaks the proxy with
-// concurrent clients, and checks tenant isolation as a property.
+// concurrent clients, and checks tenant isolation as a property. On
+// PostgreSQL it kills replicas that share one database and restarts the
+// server under load, and sends hostile input and several tenants' keys
+// through replicas.
 //
 // `go test ./...` runs a CI-sized campaign. The flags make it longer:
 //
 //	go test ./reliability -run TestKillCampaign -kills 2000 -timeout 0 -v
+//	go test ./reliability -run TestReplicaKillCampaign -pgkills 300 -timeout 0 -v
 //	go test ./reliability -run TestSoak -soak 60s -v
 //	go test ./reliability -run 'TestFault|TestWAL' -faults 2000 -timeout 0 -v
 //
@@ -24,10 +28,12 @@ import (
 	"time"
 
 	"github.com/idemkv/idem/internal/crashtest"
+	"github.com/idemkv/idem/internal/pgtest"
 )
 
 var (
-	kills = flag.Int("kills", 20, "SIGKILLs of the proxy in the kill campaign")
+	kills   = flag.Int("kills", 20, "SIGKILLs of the proxy in the kill campaign")
+	pgKills = flag.Int("pgkills", 10, "SIGKILLs of a replica in the PostgreSQL campaign; the server restarts once, and every 30 rounds")
 	// CI soaks for 30 s: from a cold build cache the whole CI run takes
 	// about 15 minutes, and the soak is the largest part of the tests.
 	soakFor   = flag.Duration("soak", 30*time.Second, "how long the proxy soak runs; the in-process soak runs half as long")
@@ -56,7 +62,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		return m.Run()
+		return pgtest.Main(m)
 	}()
 	os.Exit(code)
 }

@@ -17,7 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
+	"github.com/idemkv/idem/internal/crashtest"
 	"github.com/idemkv/idem/internal/idemtest"
 )
 
@@ -292,4 +294,94 @@ func TestTenantIsolationHTTP(t *testing.T) {
 	}
 	assert.Len(t, runs, len(first))
 	t.Logf("tenant isolation over HTTP: %d requests, %d tenant-key pairs, each run once (seed %d)", requests, len(first), seed)
+}
+
+// TestTenantIsolationProxy is TestTenantIsolationHTTP through real proxies,
+// on each store: one proxy on the embedded store, three replicas sharing
+// one PostgreSQL database, each request sent to a random one. A tenant's
+// first use of a key runs on the upstream as its own, whichever replica
+// takes it; every later answer is a replay of its own answer or a 422
+// about its own key; the upstream runs each tenant-key pair once; and the
+// store holds one record per pair, under the tenant that made it.
+func TestTenantIsolationProxy(t *testing.T) {
+	for _, ps := range proxyStores {
+		t.Run("store="+ps.name, func(t *testing.T) {
+			store := ps.new(t)
+			up := startUpstream(t, 0)
+			var procs []*crashtest.Process
+			var urls []string
+			for range ps.replicas {
+				p, url := startProxy(t, store.args("127.0.0.1:0", up.url))
+				procs, urls = append(procs, p), append(urls, url)
+			}
+			tenantIsolationProxy(t, up, urls)
+			for _, p := range procs {
+				require.NoError(t, p.Signal(syscallTERM()))
+				code, err := p.Wait(guard)
+				require.NoError(t, err)
+				require.Equal(t, 0, code, p.Stderr())
+			}
+			execs, err := crashtest.ReadJournal(up.journal)
+			require.NoError(t, err)
+			ran := map[string]bool{}
+			for _, e := range execs {
+				ran[crashtest.TenantKey(e.Tenant, e.Key)] = true
+			}
+			recs := store.records(t)
+			stored := map[string]bool{}
+			for _, rec := range recs {
+				assert.Equal(t, idem.StateCompleted, rec.State)
+				var a crashtest.Answer
+				if assert.NoError(t, json.Unmarshal(rec.Response.Body, &a)) {
+					assert.Equal(t, rec.Scope.Tenant, a.Tenant, "a record holds another tenant's answer")
+					assert.Equal(t, rec.Scope.Key, a.Key)
+				}
+				stored[crashtest.TenantKey(rec.Scope.Tenant, rec.Scope.Key)] = true
+			}
+			assert.Len(t, recs, len(execs), "one record per execution")
+			assert.Equal(t, ran, stored, "the stored pairs are those that ran")
+		})
+	}
+}
+
+// tenantIsolationProxy sends random requests of several tenants sharing
+// keys and bodies to the proxies at urls and checks each answer.
+func tenantIsolationProxy(t *testing.T, up *upstreamProc, urls []string) {
+	client := newClient()
+	tenants := []string{"acme", "acme2", "Acme", "ac", "me"}
+	keys := []string{"key-1", "key-2", "key-3"}
+	bodies := []string{`{"amount":1}`, `{"amount":2}`}
+	type scopeKey struct{ tenant, key string }
+	first := map[scopeKey]string{} // the first body a tenant sent with a key
+	answers := map[scopeKey][]byte{}
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 5))
+	const requests = 1000
+	for range requests {
+		sk := scopeKey{tenants[rng.IntN(len(tenants))], keys[rng.IntN(len(keys))]}
+		body := bodies[rng.IntN(len(bodies))]
+		r, err := do(context.Background(), client, "POST", urls[rng.IntN(len(urls))]+chargePath, body,
+			"Idempotency-Key", sk.key, crashtest.TenantHeader, sk.tenant)
+		require.NoError(t, err)
+		sent, seen := first[sk]
+		switch {
+		case !seen:
+			require.Equal(t, http.StatusCreated, r.status, "seed %d: %s", seed, r.body)
+			require.False(t, r.replayed())
+			var a crashtest.Answer
+			require.NoError(t, json.Unmarshal(r.body, &a))
+			require.Equal(t, sk.tenant, a.Tenant)
+			require.Equal(t, sk.key, a.Key)
+			first[sk], answers[sk] = body, r.body
+		case sent == body:
+			require.Equal(t, http.StatusCreated, r.status, "seed %d: %s", seed, r.body)
+			require.True(t, r.replayed())
+			require.Equal(t, answers[sk], r.body, "a replay of the tenant's own answer")
+		default:
+			require.Equal(t, http.StatusUnprocessableEntity, r.status, "the tenant's own key, reused")
+			require.Equal(t, contract.CodeKeyReuse, r.code())
+		}
+	}
+	assert.Equal(t, len(first), up.executions(t), "each tenant-key pair runs once")
+	t.Logf("tenant isolation through %d proxies: %d requests, %d tenant-key pairs, each run once (seed %d)", len(urls), requests, len(first), seed)
 }

@@ -1,7 +1,8 @@
 // Package pgtest gives tests a PostgreSQL database of their own: on the
 // server IDEM_TEST_PG names, or on a throwaway cluster it starts from the
 // installed PostgreSQL binaries and stops when the test binary ends. Tests
-// of outages stop and start that cluster with Stop and Start.
+// of outages stop and start that cluster with Stop and Start, or crash
+// and recover it at once with Restart.
 package pgtest
 
 import (
@@ -309,4 +310,19 @@ func freePort() (int, error) {
 func lastLines(b []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.Join(lines[max(0, len(lines)-5):], "\n")
+}
+
+// Restartable reports whether Stop, Start and Restart can act: only on a
+// throwaway cluster that pgtest started itself, never on the server
+// IDEM_TEST_PG names.
+func Restartable() bool { return os.Getenv(EnvDSN) == "" }
+
+// Restart crashes the throwaway cluster in immediate mode and starts it
+// again (Stop, then Start): every connection is cut, committed rows
+// survive crash recovery, and it returns once the server accepts
+// connections. Check Restartable first.
+func Restart(t testing.TB) {
+	t.Helper()
+	Stop(t)
+	Start(t)
 }

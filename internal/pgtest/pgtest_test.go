@@ -58,3 +58,28 @@ func TestStopStart(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, "SELECT v FROM kept").Scan(&v))
 	assert.Equal(t, 1, v)
 }
+
+// TestRestart: an immediate restart cuts every connection, and the rows
+// committed before it are there after it, on the same DSN.
+func TestRestart(t *testing.T) {
+	dsn := DSN(t)
+	if !Restartable() {
+		t.Skipf("%s names an external server, which pgtest does not restart", EnvDSN)
+	}
+	ctx := context.Background()
+	before, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer before.Close(ctx)
+	_, err = before.Exec(ctx, "CREATE TABLE x (v int); INSERT INTO x VALUES (42)")
+	require.NoError(t, err)
+
+	Restart(t)
+	_, err = before.Exec(ctx, "SELECT 1")
+	assert.Error(t, err, "a connection from before the restart still works")
+	after, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer after.Close(ctx)
+	var v int
+	require.NoError(t, after.QueryRow(ctx, "SELECT v FROM x").Scan(&v))
+	assert.Equal(t, 42, v)
+}
