@@ -188,45 +188,12 @@ func TestKillCampaign(t *testing.T) {
 	proxy, url := startProxy(t, args)
 	var inFlightKills, startupKills int
 	for round := 1; round <= *kills; round++ {
-		keys := make([]*keyRun, roundKeys)
-		for i := range keys {
-			tenant := fmt.Sprintf("tenant-%d", rng.IntN(3))
-			key := fmt.Sprintf("r%d-k%d-%s", round, i, randomToken(rng))
-			keys[i] = &keyRun{tenant: tenant, key: key, round: round,
-				body: fmt.Sprintf(`{"amount": %d, "currency": "usd", "ref": %q}`, 100+rng.IntN(10_000), key)}
-		}
+		keys := newRoundKeys(rng, "r", round)
 		c.keys = append(c.keys, keys...)
 
 		// Clients hammer the round's keys until the kill.
 		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		for w := range roundClients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				wrng := rand.New(rand.NewPCG(seed, uint64(round*1000+w)))
-				for ctx.Err() == nil {
-					k := keys[wrng.IntN(len(keys))]
-					k.mu.Lock()
-					done := k.ack != nil
-					k.mu.Unlock()
-					// Mostly keys still in flight, so that claims and
-					// completions overlap the kill rather than replays.
-					if done && wrng.IntN(8) != 0 {
-						time.Sleep(time.Millisecond)
-						continue
-					}
-					r, err := do(ctx, client, "POST", url+chargePath, k.body, k.headers()...)
-					if err != nil {
-						c.mu.Lock()
-						c.transportErrs++
-						c.mu.Unlock()
-						continue
-					}
-					c.observe(k, r)
-				}
-			}()
-		}
+		wg := c.load(ctx, client, seed, round, keys, func(*rand.Rand) string { return url }, c.observe)
 		// A pause chosen at random places the kill among claims, upstream
 		// calls and completions.
 		time.Sleep(time.Duration(20+rng.IntN(400)) * time.Millisecond)
@@ -425,4 +392,51 @@ func randomToken(rng *rand.Rand) string {
 		b[i] = alphabet[rng.IntN(len(alphabet))]
 	}
 	return string(b)
+}
+
+// newRoundKeys makes the keys of one round, named after prefix and the
+// round, spread over three tenants.
+func newRoundKeys(rng *rand.Rand, prefix string, round int) []*keyRun {
+	keys := make([]*keyRun, roundKeys)
+	for i := range keys {
+		tenant := fmt.Sprintf("tenant-%d", rng.IntN(3))
+		key := fmt.Sprintf("%s%d-k%d-%s", prefix, round, i, randomToken(rng))
+		keys[i] = &keyRun{tenant: tenant, key: key, round: round,
+			body: fmt.Sprintf(`{"amount": %d, "currency": "usd", "ref": %q}`, 100+rng.IntN(10_000), key)}
+	}
+	return keys
+}
+
+// load starts roundClients clients that send the round's keys until ctx
+// ends, each attempt to the proxy that target picks, hands every answer to
+// observe (the campaign's own judge of it), and returns what to wait on
+// for them. Keys still in flight are sent most, so that claims and
+// completions overlap a kill rather than replays.
+func (c *killCampaign) load(ctx context.Context, client *http.Client, seed uint64, round int, keys []*keyRun,
+	target func(*rand.Rand) string, observe func(*keyRun, reply)) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for w := range roundClients {
+		wg.Go(func() {
+			wrng := rand.New(rand.NewPCG(seed, uint64(round*1000+w)))
+			for ctx.Err() == nil {
+				k := keys[wrng.IntN(len(keys))]
+				k.mu.Lock()
+				done := k.ack != nil
+				k.mu.Unlock()
+				if done && wrng.IntN(8) != 0 {
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				r, err := do(ctx, client, "POST", target(wrng)+chargePath, k.body, k.headers()...)
+				if err != nil {
+					c.mu.Lock()
+					c.transportErrs++
+					c.mu.Unlock()
+					continue
+				}
+				observe(k, r)
+			}
+		})
+	}
+	return &wg
 }

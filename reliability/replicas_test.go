@@ -2,7 +2,6 @@ package reliability_test
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -177,44 +176,13 @@ func TestReplicaKillCampaign(t *testing.T) {
 	var inFlightKills, startupKills, restarts int
 	for round := 1; inFlightKills < *pgKills; round++ {
 		restart := restartable && (round == 2 || round%pgRestartPeriod == 0)
-		keys := make([]*keyRun, roundKeys)
-		for i := range keys {
-			tenant := fmt.Sprintf("tenant-%d", rng.IntN(3))
-			key := fmt.Sprintf("p%d-k%d-%s", round, i, randomToken(rng))
-			keys[i] = &keyRun{tenant: tenant, key: key, round: round,
-				body: fmt.Sprintf(`{"amount": %d, "currency": "usd", "ref": %q}`, 100+rng.IntN(10_000), key)}
-		}
+		keys := newRoundKeys(rng, "p", round)
 		c.keys = append(c.keys, keys...)
 
 		// Clients retry the round's keys, each attempt on a random
 		// running replica, until the round ends.
 		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		for w := range roundClients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				wrng := rand.New(rand.NewPCG(seed, uint64(round*1000+w)))
-				for ctx.Err() == nil {
-					k := keys[wrng.IntN(len(keys))]
-					k.mu.Lock()
-					done := k.ack != nil
-					k.mu.Unlock()
-					if done && wrng.IntN(8) != 0 {
-						time.Sleep(time.Millisecond)
-						continue
-					}
-					r, err := do(ctx, client, "POST", set.pick(wrng)+chargePath, k.body, k.headers()...)
-					if err != nil {
-						c.mu.Lock()
-						c.transportErrs++
-						c.mu.Unlock()
-						continue
-					}
-					c.observe(k, r)
-				}
-			}()
-		}
+		wg := c.load(ctx, client, seed, round, keys, set.pick, c.observe)
 		time.Sleep(time.Duration(20+rng.IntN(400)) * time.Millisecond)
 		if restart {
 			c.outage.Store(true)
