@@ -90,7 +90,11 @@ func (s *Store) sweep(ctx context.Context, progress func(contract.CompactProgres
 		if err != nil {
 			return res, s.fail("sweep", err)
 		}
-		n := 0
+		// The batch's deletions commit when its statement ends, so its
+		// records are counted and logged only then: a Metrics in between
+		// must not count a record as swept and as expired at once.
+		var swept []contract.Record
+		var bytes int64
 		for rows.Next() {
 			var size int64
 			r, err := scanRecord(rows, &size)
@@ -98,15 +102,19 @@ func (s *Store) sweep(ctx context.Context, progress func(contract.CompactProgres
 				rows.Close()
 				return res, s.fail("sweep", err)
 			}
-			n++
-			res.Records++
-			res.Bytes += size
-			s.reclaimed.Add(size)
-			s.note(contract.EventSwept, &r.rec, time.Time{})
+			swept = append(swept, r.rec)
+			bytes += size
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return res, s.fail("sweep", err)
+		}
+		n := len(swept)
+		res.Records += n
+		res.Bytes += bytes
+		s.reclaimed.Add(bytes)
+		for i := range swept {
+			s.note(contract.EventSwept, &swept[i], time.Time{})
 		}
 		if progress != nil {
 			progress(contract.CompactProgress{Phase: "sweep", Done: int64(res.Records), Total: max(total, int64(res.Records))})
