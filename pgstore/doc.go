@@ -41,6 +41,39 @@
 // reconcilers. Sweep deletes expired records a thousand per statement,
 // one replica at a time (an advisory lock).
 //
+// # Transactions
+//
+// When the operation writes to the same database, InTx runs it in one
+// transaction with its claim and its completion:
+//
+//	resp, replayed, err := s.InTx(ctx, scope, fingerprint, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+//		_, err := tx.Exec(ctx, "INSERT INTO payments ...")
+//		return contract.Response{Status: 201, Body: body}, err
+//	})
+//
+// The operation's rows and the completed record then commit together or
+// not at all: nobody ever finds the operation done and its key in
+// progress, and a rollback (fn's error or panic, a failed commit) leaves
+// the key free for a retry. ClaimTx does the same in a transaction the
+// caller manages. Until the transaction ends its claim is invisible, and
+// PostgreSQL makes a concurrent claim of the same key wait for it: that
+// claim then gets the replay after a commit, or the key after a rollback.
+// The wait is bounded by Options.ClaimWait (2 seconds by default), past
+// which the claim gets ErrInProgress. Wait does not see such a claim and
+// returns at once; notifications of the transaction go out at its commit.
+//
+// # Outages
+//
+// While the database is down or a connection breaks, calls fail with an
+// error (never a *contract.KeyError), within their context; over HTTP,
+// idemhttp answers 503 store_unavailable and runs no handler. A claim
+// whose connection broke before its commit was confirmed is an error too,
+// though it may have committed: a retry then finds the key in progress
+// and, once its lease ends, pending reconciliation, so the operation
+// never runs twice. The pool and the listener reconnect by themselves once
+// the server is back; the first call on a connection that died while
+// idle may still fail.
+//
 // # Time and clocks
 //
 // Every time the store writes or compares comes from Options.Now on the

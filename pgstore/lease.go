@@ -20,6 +20,7 @@ import (
 // token or the state.
 type lease struct {
 	s     *Store
+	q     querier // the pool, or the caller's transaction for ClaimTx
 	scope contract.Scope
 	token []byte
 	start time.Time // when the lease was granted, for event latencies
@@ -92,9 +93,9 @@ func (l *lease) MarkFailed(ctx context.Context) error {
 }
 
 // settle moves the record out of progress into st.
-func (l *lease) settle(ctx context.Context, st contract.State, e contract.Event, status any, hdr, body []byte, bodyLen int64, digest []byte, omitted bool) error {
+func (l *lease) settle(ctx context.Context, st contract.State, e contract.Event, status, hdr any, body []byte, bodyLen int64, digest []byte, omitted bool) error {
 	return l.call(ctx, func(now time.Time) error {
-		r, err := scanRecord(l.s.pool.QueryRow(ctx, settleSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+		r, err := scanRecord(l.q.QueryRow(ctx, settleSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
 			int16(st), status, hdr, body, bodyLen, digest, omitted, notifyChannel, scopeTag(l.scope)), nil)
 		if err != nil {
 			return err
@@ -108,7 +109,7 @@ func (l *lease) settle(ctx context.Context, st contract.State, e contract.Event,
 // Release deletes the record, freeing the key.
 func (l *lease) Release(ctx context.Context) error {
 	return l.call(ctx, func(now time.Time) error {
-		tag, err := l.s.pool.Exec(ctx, releaseSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+		tag, err := l.q.Exec(ctx, releaseSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
 			notifyChannel, scopeTag(l.scope))
 		if err != nil {
 			return err
@@ -125,7 +126,7 @@ func (l *lease) Release(ctx context.Context) error {
 // Extend pushes the end of the lease one Options.Lease from now.
 func (l *lease) Extend(ctx context.Context) error {
 	return l.call(ctx, func(now time.Time) error {
-		r, err := scanRecord(l.s.pool.QueryRow(ctx, extendSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+		r, err := scanRecord(l.q.QueryRow(ctx, extendSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
 			now.Add(l.s.opts.Lease)))
 		if err != nil {
 			return err

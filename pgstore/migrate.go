@@ -143,10 +143,6 @@ func appliedVersions(ctx context.Context, pool *pgxpool.Pool) (map[int]bool, err
 	return queryVersions(ctx, pool)
 }
 
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 func queryVersions(ctx context.Context, q querier) (map[int]bool, error) {
 	rows, err := q.Query(ctx, "SELECT version FROM "+migrationsTable)
 	if err != nil {

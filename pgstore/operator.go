@@ -153,7 +153,7 @@ func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease
 			now.Add(s.opts.Lease), notifyChannel, scopeTag(sc)), nil)
 		if err == nil {
 			s.note(contract.EventTakenOver, &r.rec, time.Time{})
-			return &lease{s: s, scope: sc, token: r.token, start: now, rec: r.rec}, nil
+			return &lease{s: s, q: s.pool, scope: sc, token: r.token, start: now, rec: r.rec}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, s.fail("take-over", err)
@@ -274,7 +274,7 @@ func (s *Store) takeOverdue(ctx context.Context, pass time.Time) (*lease, error)
 		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", notifyChannel, scopeTag(r.rec.Scope)); err != nil {
 			return err
 		}
-		out = &lease{s: s, scope: r.rec.Scope, token: r.token, start: now, rec: r.rec}
+		out = &lease{s: s, q: s.pool, scope: r.rec.Scope, token: r.token, start: now, rec: r.rec}
 		return nil
 	})
 	if err != nil {

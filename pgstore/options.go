@@ -28,6 +28,13 @@ type Options struct {
 	// Default: 24 hours.
 	TTL time.Duration
 
+	// ClaimWait bounds how long a claim waits for another transaction
+	// that claimed the same key with ClaimTx or InTx and has not ended:
+	// past it, the claim gets ErrInProgress with a RetryAfter of one
+	// second. It is the lock_timeout of the claim's statement alone, rounded
+	// down to whole milliseconds (at least one). Default: 2 seconds.
+	ClaimWait time.Duration
+
 	// EndpointTTL overrides TTL for the endpoints it names. Default: none.
 	EndpointTTL map[string]time.Duration
 
@@ -92,6 +99,9 @@ func (o *Options) withDefaults() (Options, error) {
 	if c.TTL < 0 {
 		bad("TTL %s is negative", c.TTL)
 	}
+	if c.ClaimWait < 0 {
+		bad("ClaimWait %s is negative", c.ClaimWait)
+	}
 	for ep, ttl := range c.EndpointTTL {
 		if ttl <= 0 {
 			bad("EndpointTTL[%q] %s must be positive", ep, ttl)
@@ -114,6 +124,9 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if c.TTL == 0 {
 		c.TTL = 24 * time.Hour
+	}
+	if c.ClaimWait == 0 {
+		c.ClaimWait = 2 * time.Second
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 4 << 20

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,9 +29,10 @@ import (
 // share. Open returns one; it is safe for concurrent use. Records it
 // returns are copies the caller owns.
 type Store struct {
-	opts     Options
-	pool     *pgxpool.Pool
-	listener *listener
+	opts        Options
+	lockTimeout string // Options.ClaimWait as a lock_timeout setting
+	pool        *pgxpool.Pool
+	listener    *listener
 
 	tally     contract.Tally
 	reclaimed atomic.Int64 // bytes of the records swept since Open
@@ -42,6 +44,14 @@ type Store struct {
 }
 
 var _ contract.Operator = (*Store)(nil)
+
+// querier runs statements: the pool, or one transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
 
 // Open connects to the database dsn names, brings its schema up to date
 // (or checks it, as Options.Migrate says) and returns the store. It keeps
@@ -75,7 +85,8 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	if len(applied) > 0 {
 		o.Logger.Info("pgstore: applied schema migrations", "versions", applied)
 	}
-	s := &Store{opts: o, pool: pool, closing: make(chan struct{})}
+	s := &Store{opts: o, pool: pool, closing: make(chan struct{}),
+		lockTimeout: strconv.FormatInt(max(1, o.ClaimWait.Milliseconds()), 10) + "ms"}
 	lcfg := cfg.ConnConfig.Copy()
 	lcfg.RuntimeParams["application_name"] = listenerAppName
 	s.listener, err = startListener(ctx, lcfg, o.Logger)
@@ -273,12 +284,18 @@ func cloneRecord(rec contract.Record) contract.Record {
 	return rec
 }
 
-// encodeHeader is what response_headers holds for h: NULL for none.
-func encodeHeader(h http.Header) ([]byte, error) {
+// encodeHeader is what response_headers holds for h: NULL for none. The
+// JSON goes as a string: the simple protocol (poolers such as PgBouncer)
+// sends a []byte as a bytea literal, which is not JSON.
+func encodeHeader(h http.Header) (any, error) {
 	if len(h) == 0 {
 		return nil, nil
 	}
-	return json.Marshal(h)
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, err
+	}
+	return string(b), nil
 }
 
 // claimSQL inserts a fresh claim, or replaces a record that has expired,
@@ -304,8 +321,34 @@ WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $4`
 // vanished before it could read it (released or swept meanwhile).
 const claimRetries = 8
 
-// Claim tries to take the key in s, as contract.Store.Claim says.
+// lockTimeoutSQL bounds the lock waits of the claim statement that
+// follows it in the same transaction: the wait for another transaction
+// that inserted the same key and has not ended yet.
+const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
+
+// sqlLockNotAvailable is the SQLSTATE of a lock wait past lock_timeout.
+const sqlLockNotAvailable = "55P03"
+
+// Claim tries to take the key in s, as contract.Store.Claim says. While
+// a transaction that claimed the same key with ClaimTx is still open,
+// Claim waits for it to end, at most Options.ClaimWait: then it gets the
+// replay if that transaction completed the key, the key if it rolled
+// back, and ErrInProgress if it is still open.
 func (s *Store) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+	l, rec, err := s.claim(ctx, nil, sc, fp)
+	if l == nil {
+		return nil, rec, err // not a nil *lease in a non-nil interface
+	}
+	return l, nil, nil
+}
+
+// claim claims sc in tx, the caller's transaction, or on the pool when tx
+// is nil. The lease it grants runs on the same.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp contract.Fingerprint) (*lease, *contract.Record, error) {
+	var q querier = s.pool
+	if tx != nil {
+		q = tx
+	}
 	if err := validate(sc); err != nil {
 		return nil, nil, err
 	}
@@ -317,16 +360,33 @@ func (s *Store) Claim(ctx context.Context, sc contract.Scope, fp contract.Finger
 	}
 	for range claimRetries {
 		now := s.now()
-		r, err := scanRecord(s.pool.QueryRow(ctx, claimSQL, sc.Tenant, sc.Endpoint, sc.Key, fp[:],
-			newToken(), now.Add(s.opts.Lease), now, now.Add(s.ttlFor(sc.Endpoint))))
+		args := []any{sc.Tenant, sc.Endpoint, sc.Key, fp[:],
+			newToken(), now.Add(s.opts.Lease), now, now.Add(s.ttlFor(sc.Endpoint))}
+		var (
+			r   *row
+			err error
+		)
+		if tx == nil {
+			r, err = s.insertClaim(ctx, args)
+		} else {
+			r, err = s.insertClaimTx(ctx, tx, args)
+		}
 		if err == nil {
 			s.note(contract.EventClaimed, &r.rec, time.Time{})
-			return &lease{s: s, scope: sc, token: r.token, start: now, rec: r.rec}, nil, nil
+			return &lease{s: s, q: q, scope: sc, token: r.token, start: now, rec: r.rec}, nil, nil
+		}
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == sqlLockNotAvailable {
+			// Another transaction holds the key and did not end in time.
+			rec := &contract.Record{Scope: sc, State: contract.StateInProgress}
+			s.note(contract.EventConflict, rec, time.Time{})
+			return nil, nil, &contract.KeyError{Err: contract.ErrInProgress, State: contract.StateInProgress,
+				RetryAfter: time.Second, Tenant: sc.Tenant, Endpoint: sc.Endpoint}
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, nil, s.fail("claim", err)
 		}
-		r, err = scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
+		r, err = scanRecord(q.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
@@ -337,6 +397,73 @@ func (s *Store) Claim(ctx context.Context, sc contract.Scope, fp contract.Finger
 		return nil, rec, err
 	}
 	return nil, nil, fmt.Errorf("pgstore: claim: the record kept changing under %d attempts", claimRetries)
+}
+
+// insertClaim runs claimSQL with args on the pool, its lock waits bounded
+// by Options.ClaimWait. Both statements go in one round trip and one
+// implicit transaction, which commits when the batch ends: the claim is
+// durable only once Close reports no error, so an error from Close, such
+// as a connection lost before the answer, is the claim's error.
+func (s *Store) insertClaim(ctx context.Context, args []any) (*row, error) {
+	b := &pgx.Batch{}
+	b.Queue(lockTimeoutSQL, s.lockTimeout)
+	b.Queue(claimSQL, args...)
+	br := s.pool.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var r *row
+	if err == nil {
+		r, err = scanRecord(br.QueryRow())
+	}
+	if cerr := br.Close(); cerr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
+		return nil, cerr
+	}
+	return r, err
+}
+
+// insertClaimTx runs claimSQL with args in tx under a savepoint, its lock
+// waits bounded by Options.ClaimWait as in insertClaim. The savepoint
+// keeps tx usable when the statement fails, and the caller's own
+// lock_timeout is restored afterwards.
+func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any) (*row, error) {
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT idem_claim")
+	b.Queue("SELECT current_setting('lock_timeout')")
+	b.Queue(lockTimeoutSQL, s.lockTimeout)
+	b.Queue(claimSQL, args...)
+	br := tx.SendBatch(ctx, b)
+	var (
+		prev string
+		r    *row
+	)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&prev)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		r, err = scanRecord(br.QueryRow())
+	}
+	if cerr := br.Close(); cerr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
+		err = cerr
+	}
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		// Rolling back to the savepoint undoes the claim and the setting.
+		// Without arguments Exec uses the simple protocol, which an
+		// aborted transaction accepts: it prepares nothing.
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idem_claim; RELEASE SAVEPOINT idem_claim"); rerr != nil {
+			return nil, rerr // tx is unusable; what it refused no longer matters
+		}
+		return nil, err
+	}
+	b = &pgx.Batch{}
+	b.Queue(lockTimeoutSQL, prev)
+	b.Queue("RELEASE SAVEPOINT idem_claim")
+	if rerr := tx.SendBatch(ctx, b).Close(); rerr != nil {
+		return nil, rerr
+	}
+	return r, err
 }
 
 // answer decides what a claim of the live record rec gets. The

@@ -1,16 +1,26 @@
 package pgstore_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
 	"github.com/idemkv/idem/pgstore"
@@ -87,4 +97,180 @@ func TestEventsAreLogged(t *testing.T) {
 	m, err := s.Metrics(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), m.Events[contract.EventReplayed])
+}
+
+// quiet are options that keep the listener's reconnection warnings out of
+// the test's output.
+func quiet(o *pgstore.Options) *pgstore.Options {
+	if o == nil {
+		o = &pgstore.Options{}
+	}
+	o.Logger = slog.New(slog.DiscardHandler)
+	return o
+}
+
+// counted is a handler behind the middleware that counts its runs.
+type counted struct{ runs atomic.Int64 }
+
+func (c *counted) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.runs.Add(1)
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, `{"id":"pay_1"}`)
+}
+
+// middleware serves h behind idemhttp on s.
+func middleware(t *testing.T, s contract.Store, h http.Handler) http.Handler {
+	t.Helper()
+	mw, err := idemhttp.New(idemhttp.Options{Store: s, Logger: slog.New(slog.DiscardHandler),
+		Tenant: func(*http.Request) (string, error) { return "acme", nil }})
+	require.NoError(t, err)
+	return mw(h)
+}
+
+// post sends one keyed POST to h and returns the answer.
+func post(h http.Handler, key string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/v1/payments", strings.NewReader(`{"amount":100}`))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Idempotency-Key", key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// assertStoreUnavailable checks that err is a store failure, not a
+// refusal, and names no credential.
+func assertStoreUnavailable(t *testing.T, err error, secrets ...string) {
+	t.Helper()
+	require.Error(t, err)
+	var ke *contract.KeyError
+	assert.False(t, errors.As(err, &ke), "a store failure reported as a refusal: %v", err)
+	for _, s := range secrets {
+		assert.NotContains(t, err.Error(), s)
+	}
+}
+
+// TestOutageServerRestart stops the database under an open Store: every
+// call fails promptly with an error that names no credential, requests get
+// 503 without running their handler, nothing is written, and once the
+// server is back the same Store serves claims and wakes waiters again.
+func TestOutageServerRestart(t *testing.T) {
+	const password = "hunter2-secret"
+	dsn := strings.Replace(pgtest.DSN(t), "postgres@", "postgres:"+password+"@", 1) // trust: ignored
+	s := open(t, dsn, quiet(nil))
+	h := &counted{}
+	srv := middleware(t, s, h)
+	require.Equal(t, http.StatusCreated, post(srv, "before").Code)
+	oldListener := pgstore.ListenerPID(s)
+
+	pgtest.Stop(t)
+	ctx, cancel := context.WithTimeout(t.Context(), wakeBound)
+	defer cancel()
+	l, rec, err := s.Claim(ctx, scope("down"), fp)
+	assert.Nil(t, l)
+	assert.Nil(t, rec)
+	assertStoreUnavailable(t, err, password, "user=")
+	t.Logf("a claim while the server is down: %v", err)
+	require.NoError(t, ctx.Err(), "the claim took until its context ended")
+	_, err = s.Get(ctx, scope("down"))
+	assertStoreUnavailable(t, err, password)
+	assertStoreUnavailable(t, s.Ping(ctx), password)
+	w := post(srv, "during")
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+	assert.Contains(t, w.Body.String(), contract.CodeStoreUnavailable)
+	assert.Equal(t, int64(1), h.runs.Load(), "the handler ran while the store was down")
+
+	pgtest.Start(t)
+	for _, k := range []string{"down", "during"} {
+		_, err := s.Get(t.Context(), contract.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: k})
+		require.ErrorIs(t, err, contract.ErrNotFound, "a failed claim left a record")
+	}
+	w = post(srv, "during")
+	assert.Equal(t, http.StatusCreated, w.Code, w.Body.String())
+	assert.Equal(t, int64(2), h.runs.Load())
+	assert.Equal(t, "true", post(srv, "during").Header().Get("Idempotent-Replayed"))
+
+	// The listener reconnects and wakes waiters by notification again.
+	require.Eventually(t, func() bool {
+		p := pgstore.ListenerPID(s)
+		return p != 0 && p != oldListener
+	}, wakeBound, 10*time.Millisecond)
+	l, _, err = s.Claim(t.Context(), scope("after"), fp)
+	require.NoError(t, err)
+	woke := waitOn(t, s, scope("after"))
+	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+	within(t, woke, wakeBound)
+}
+
+// terminate ends every backend of the database that conn is on whose
+// application_name starts with prefix, as a server restart does from the
+// client's side, and returns how many it ended.
+func terminate(t *testing.T, conn *pgx.Conn, where string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, conn.QueryRow(t.Context(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND `+where).Scan(&n))
+	return n
+}
+
+// TestOutageConnectionsTerminated: every connection of the store is cut,
+// the listener's too. A claim may fail once on a connection that died
+// idle, and then writes nothing; the pool then reconnects by itself.
+func TestOutageConnectionsTerminated(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	s := open(t, dsn, quiet(nil))
+	look := connect(t, dsn)
+	for i := range 4 {
+		l, _, err := s.Claim(t.Context(), scope(fmt.Sprint("warm", i)), fp)
+		require.NoError(t, err)
+		require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+	}
+	require.Positive(t, terminate(t, look, "application_name LIKE 'idem-pgstore%'"))
+
+	served := false
+	for i := range 3 {
+		sc := scope(fmt.Sprint("k", i))
+		l, _, err := s.Claim(t.Context(), sc, fp)
+		if err != nil {
+			assertStoreUnavailable(t, err)
+			t.Logf("a claim on a cut connection: %v", err)
+			_, err = s.Get(t.Context(), sc)
+			require.ErrorIs(t, err, contract.ErrNotFound, "a failed claim left a record")
+			continue
+		}
+		require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+		served = true
+		break
+	}
+	assert.True(t, served, "the pool did not reconnect")
+}
+
+// TestOutageClaimCutMidStatement: a claim whose connection is cut while
+// its statement runs has an outcome the store cannot know. It is an error,
+// so the middleware answers 503 and never runs the handler.
+func TestOutageClaimCutMidStatement(t *testing.T) {
+	e := newTxEnv(t, nil)
+	tx := e.begin(t)
+	_, _, err := e.a.ClaimTx(t.Context(), tx, contract.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "k"}, fp)
+	require.NoError(t, err)
+
+	h := &counted{}
+	srv := middleware(t, e.b, h)
+	answer := make(chan *httptest.ResponseRecorder, 1)
+	go func() { answer <- post(srv, "k") }()
+	// The request's claim now waits for tx; cut its connection.
+	e.awaitLockWait(t)
+	require.Equal(t, 1, terminate(t, e.look, "wait_event_type = 'Lock'"))
+	var w *httptest.ResponseRecorder
+	select {
+	case w = <-answer:
+	case <-time.After(wakeBound):
+		t.Fatalf("no answer within %s", wakeBound)
+	}
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
+	assert.Contains(t, w.Body.String(), contract.CodeStoreUnavailable)
+	assert.Zero(t, h.runs.Load())
+
+	require.NoError(t, tx.Rollback(t.Context()))
+	assert.Equal(t, http.StatusCreated, post(srv, "k").Code)
+	assert.Equal(t, int64(1), h.runs.Load())
 }

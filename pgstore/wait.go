@@ -199,7 +199,10 @@ func (l *listener) stop() {
 // contract.Store.Wait says. The end of a lease on any replica wakes it
 // through LISTEN/NOTIFY; a lease that merely runs out does not, since
 // nothing announces it. While the listener is reconnecting, Wait re-reads
-// the record every half second instead.
+// the record every half second instead. A claim in a transaction that has
+// not committed (ClaimTx, InTx) is invisible to Wait, which returns at
+// once; the next Claim waits for that transaction, up to
+// Options.ClaimWait.
 func (s *Store) Wait(ctx context.Context, sc contract.Scope) error {
 	if err := validate(sc); err != nil {
 		return err

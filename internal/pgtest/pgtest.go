@@ -1,6 +1,7 @@
 // Package pgtest gives tests a PostgreSQL database of their own: on the
 // server IDEM_TEST_PG names, or on a throwaway cluster it starts from the
-// installed PostgreSQL binaries and stops when the test binary ends.
+// installed PostgreSQL binaries and stops when the test binary ends. Tests
+// of outages stop and start that cluster with Stop and Start.
 package pgtest
 
 import (
@@ -39,9 +40,11 @@ const Install = "install PostgreSQL (Debian: apt-get install postgresql) or set 
 
 var (
 	once    sync.Once
-	admin   string // DSN of the server's maintenance database
-	cluster *exec.Cmd
+	admin   string           // DSN of the server's maintenance database
+	server  func() *exec.Cmd // a new command that starts the throwaway cluster
+	cluster *exec.Cmd        // the running server, nil while stopped
 	dataDir string
+	logPath string // the server's log, kept across restarts
 	setup   error
 )
 
@@ -139,51 +142,118 @@ func start() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cluster = exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-h", "127.0.0.1", "-p", strconv.Itoa(port),
-		"-k", dataDir, "-c", "max_connections=200", "-c", "shared_buffers=32MB")
-	cluster.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
-	logf, err := os.Create(filepath.Join(dataDir, "server.log"))
-	if err != nil {
+	server = func() *exec.Cmd {
+		cmd := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-h", "127.0.0.1", "-p", strconv.Itoa(port),
+			"-k", dataDir, "-c", "max_connections=200", "-c", "shared_buffers=32MB")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+		return cmd
+	}
+	logPath = filepath.Join(dataDir, "server.log")
+	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	if err := launch(dsn); err != nil {
+		stop()
 		return "", err
 	}
-	if cred != nil {
-		os.Chown(logf.Name(), int(cred.Uid), int(cred.Gid))
+	return dsn, nil
+}
+
+// launch starts the cluster with server's command, appending to its log, and
+// returns once it accepts connections at dsn.
+func launch(dsn string) error {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
 	}
-	cluster.Stdout, cluster.Stderr = logf, logf
-	if err := cluster.Start(); err != nil {
-		return "", fmt.Errorf("start postgres: %v", err)
+	defer logf.Close()
+	cmd := server()
+	if cred := cmd.SysProcAttr.Credential; cred != nil {
+		os.Chown(logPath, int(cred.Uid), int(cred.Gid))
 	}
-	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start postgres: %v", err)
+	}
+	cluster = cmd
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		conn, err := pgx.Connect(context.Background(), dsn)
 		if err == nil {
 			conn.Close(context.Background())
-			return dsn, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(logf.Name())
-			stop()
-			return "", fmt.Errorf("postgres did not start: %v: %s", err, lastLines(log))
+			log, _ := os.ReadFile(logPath)
+			return fmt.Errorf("postgres did not start: %v: %s", err, lastLines(log))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// Stop stops the throwaway cluster at once, as a crash would (immediate
+// shutdown: SIGQUIT to the server), keeping its data; Start starts it
+// again on the same port. Clients see their connections fail and new
+// ones refused meanwhile. A test that stops the server must not run in
+// parallel with other tests of its binary. When IDEM_TEST_PG names the
+// server, which the tests do not own, Stop skips t. If t ends with the
+// server stopped, it is started again.
+func Stop(t testing.TB) {
+	t.Helper()
+	if os.Getenv(EnvDSN) != "" {
+		t.Skipf("pgtest: cannot stop the server %s names", EnvDSN)
+	}
+	if server == nil {
+		t.Fatalf("pgtest: Stop before DSN started a server")
+	}
+	if cluster == nil {
+		return
+	}
+	if err := halt(syscall.SIGQUIT); err != nil {
+		t.Fatalf("pgtest: stop: %v", err)
+	}
+	t.Cleanup(func() {
+		if cluster == nil {
+			Start(t)
+		}
+	})
+}
+
+// Start starts the cluster Stop stopped and returns once it accepts
+// connections. It does nothing while the cluster runs.
+func Start(t testing.TB) {
+	t.Helper()
+	if server == nil {
+		t.Fatalf("pgtest: Start before DSN started a server")
+	}
+	if cluster != nil {
+		return
+	}
+	if err := launch(admin); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+}
+
+// halt sends sig to the running cluster and waits for it to exit.
+func halt(sig syscall.Signal) error {
+	cluster.Process.Signal(sig)
+	done := make(chan error, 1)
+	go func() { done <- cluster.Wait() }()
+	var err error
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cluster.Process.Kill()
+		<-done
+		err = fmt.Errorf("postgres did not stop within 10s after %v; killed", sig)
+	}
+	cluster = nil
+	return err
 }
 
 // stop stops the throwaway cluster by its PID (fast shutdown) and removes
 // its directory.
 func stop() {
 	if cluster != nil && cluster.Process != nil {
-		cluster.Process.Signal(syscall.SIGINT)
-		done := make(chan struct{})
-		go func() { cluster.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cluster.Process.Kill()
-			<-done
-		}
-		cluster = nil
+		halt(syscall.SIGINT)
 	}
 	if dataDir != "" {
 		os.RemoveAll(dataDir)

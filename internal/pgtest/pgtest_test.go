@@ -33,3 +33,28 @@ func TestDatabasesAreFreshAndApart(t *testing.T) {
 	require.NoError(t, cb.QueryRow(ctx, "SHOW fsync").Scan(&fsync))
 	assert.Equal(t, "on", fsync)
 }
+
+// TestStopStart: a stopped server refuses connections, and comes back
+// with its data on the same DSN.
+func TestStopStart(t *testing.T) {
+	ctx := context.Background()
+	dsn := DSN(t)
+	conn, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "CREATE TABLE kept (v int); INSERT INTO kept VALUES (1)")
+	require.NoError(t, err)
+
+	Stop(t)
+	assert.Error(t, conn.Ping(ctx), "a connection survived the stop")
+	conn.Close(ctx)
+	_, err = pgx.Connect(ctx, dsn)
+	require.Error(t, err, "a stopped server accepted a connection")
+
+	Start(t)
+	conn, err = pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var v int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT v FROM kept").Scan(&v))
+	assert.Equal(t, 1, v)
+}
