@@ -31,7 +31,10 @@
 // fingerprints are never overwritten.
 //
 // Each end of a lease (complete, release, mark, take-over) sends a
-// NOTIFY in the same statement or transaction. Each Store keeps one
+// NOTIFY in the same statement or transaction when the record says that
+// someone waits: Wait marks the record before it sleeps, so the many ends
+// nobody waits for skip the notification, whose commit PostgreSQL
+// serialises across the whole server. Each Store keeps one
 // connection that LISTENs and wakes the waiters of the scope named; if
 // that connection is lost, waiters re-read their records every half
 // second until it is back.
