@@ -22,10 +22,11 @@
 //
 // # Guarantees
 //
-// The primary key is the concurrency control. A claim is one INSERT ...
-// ON CONFLICT DO UPDATE that replaces the row only when it has expired,
-// so of any number of callers on any number of replicas exactly one wins
-// a fresh or expired key. Every lease call names the lease's token in its
+// The primary key is the concurrency control. A claim is one statement
+// that returns the live row if there is one, writing nothing, and
+// otherwise runs an INSERT ... ON CONFLICT DO UPDATE that replaces the
+// row only when it has expired, so of any number of callers on any number
+// of replicas exactly one wins a fresh or expired key. Every lease call names the lease's token in its
 // WHERE: a holder whose record was taken over, released or expired
 // changes nothing and gets contract.ErrLeaseLost. Completed responses and
 // fingerprints are never overwritten.
