@@ -198,8 +198,10 @@ func (l *listener) stop() {
 // Wait blocks while s is in progress under a live lease, as
 // contract.Store.Wait says. The end of a lease on any replica wakes it
 // through LISTEN/NOTIFY; a lease that merely runs out does not, since
-// nothing announces it. While the listener is reconnecting, Wait re-reads
-// the record every half second instead. A claim in a transaction that has
+// nothing announces it. Each look at the record also marks it as waited
+// on, a write, so that the end of its lease is announced. While the
+// listener is reconnecting, Wait re-reads the record every half second
+// instead. A claim in a transaction that has
 // not committed (ClaimTx, InTx) is invisible to Wait, which returns at
 // once; the next Claim waits for that transaction, up to
 // Options.ClaimWait.
@@ -270,8 +272,9 @@ func (s *Store) Wait(ctx context.Context, sc contract.Scope) error {
 // mark, so after the registration: the listener hands it to this waiter.
 // The mark is never cleared: an end that cleared it would no longer see,
 // in the row it returns, whether it was set. A record once waited on
-// costs a notification per end of a lease for the rest of its life. A claim that replaces an expired record keeps the mark, as any
-// waiter still asleep on it waits for that claim's lease to end too.
+// costs a notification per end of a lease for the rest of its life. A
+// claim that replaces an expired record keeps the mark, as any waiter
+// still asleep on it waits for that claim's lease to end too.
 const waitSQL = `UPDATE idempotency_keys SET waiting = true
 WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3
 	AND expires_at > $4 AND state = 1 AND lease_until > $4
