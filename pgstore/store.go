@@ -306,7 +306,10 @@ func encodeHeader(h http.Header) (any, error) {
 // record committed after the statement's snapshot, which the read missed
 // and the insert met, yields no row; the caller runs the statement again,
 // and then reads it. The parameters the INSERT alone uses are cast, since
-// an INSERT from a SELECT does not give them its columns' types.
+// an INSERT from a SELECT does not give them its columns' types. Before
+// it inserts, the statement bounds its own lock waits by $9 (lock_timeout
+// for the rest of the transaction): the wait for another transaction that
+// holds the same key and has not ended yet.
 const claimSQL = `
 WITH live AS (
 	SELECT ` + columns + ` FROM idempotency_keys
@@ -315,7 +318,7 @@ WITH live AS (
 	INSERT INTO idempotency_keys AS k (tenant, endpoint, idem_key, fingerprint, state,
 		lease_token, lease_until, attempts, created_at, updated_at, expires_at)
 	SELECT $1, $2, $3, $4::bytea, 1, $5::bytea, $6::timestamptz, 1, $7, $7, $8::timestamptz
-	WHERE NOT EXISTS (SELECT FROM live)
+	WHERE NOT EXISTS (SELECT FROM live) AND set_config('lock_timeout', $9, true) IS NOT NULL
 	ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
 		fingerprint = EXCLUDED.fingerprint, state = 1,
 		response_status = NULL, response_headers = NULL, response_body = NULL,
@@ -335,9 +338,8 @@ WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $4`
 // way, and was released or swept before the next try could read it.
 const claimRetries = 8
 
-// lockTimeoutSQL bounds the lock waits of the claim statement that
-// follows it in the same transaction: the wait for another transaction
-// that inserted the same key and has not ended yet.
+// lockTimeoutSQL sets lock_timeout for the rest of the transaction: after
+// a claim in the caller's transaction, to the caller's own.
 const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
 
 // sqlLockNotAvailable is the SQLSTATE of a lock wait past lock_timeout.
@@ -375,7 +377,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 	for range claimRetries {
 		now := s.now()
 		args := []any{sc.Tenant, sc.Endpoint, sc.Key, fp[:],
-			newToken(), now.Add(s.opts.Lease), now, now.Add(s.ttlFor(sc.Endpoint))}
+			newToken(), now.Add(s.opts.Lease), now, now.Add(s.ttlFor(sc.Endpoint)), s.lockTimeout}
 		var (
 			r   *row
 			won bool
@@ -410,24 +412,12 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 }
 
 // insertClaim runs claimSQL with args on the pool, its lock waits bounded
-// by Options.ClaimWait, and sets won from its answer. Both statements go in one round trip and one
-// implicit transaction, which commits when the batch ends: the claim is
-// durable only once Close reports no error, so an error from Close, such
-// as a connection lost before the answer, is the claim's error.
+// by Options.ClaimWait, and sets won from its answer. The statement is its
+// own transaction: Scan returns once its commit is answered, so an error
+// at the commit, such as a connection lost before the answer, is the
+// claim's error.
 func (s *Store) insertClaim(ctx context.Context, args []any, won *bool) (*row, error) {
-	b := &pgx.Batch{}
-	b.Queue(lockTimeoutSQL, s.lockTimeout)
-	b.Queue(claimSQL, args...)
-	br := s.pool.SendBatch(ctx, b)
-	_, err := br.Exec()
-	var r *row
-	if err == nil {
-		r, err = scanRecord(br.QueryRow(), won)
-	}
-	if cerr := br.Close(); cerr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
-		return nil, cerr
-	}
-	return r, err
+	return scanRecord(s.pool.QueryRow(ctx, claimSQL, args...), won)
 }
 
 // insertClaimTx runs claimSQL with args in tx under a savepoint, its lock
@@ -438,7 +428,6 @@ func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any, won *b
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT idem_claim")
 	b.Queue("SELECT current_setting('lock_timeout')")
-	b.Queue(lockTimeoutSQL, s.lockTimeout)
 	b.Queue(claimSQL, args...)
 	br := tx.SendBatch(ctx, b)
 	var (
@@ -448,9 +437,6 @@ func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any, won *b
 	_, err := br.Exec()
 	if err == nil {
 		err = br.QueryRow().Scan(&prev)
-	}
-	if err == nil {
-		_, err = br.Exec()
 	}
 	if err == nil {
 		r, err = scanRecord(br.QueryRow(), won)
