@@ -22,16 +22,20 @@
 //
 // # Guarantees
 //
-// The primary key is the concurrency control. A claim is one INSERT ...
-// ON CONFLICT DO UPDATE that replaces the row only when it has expired,
-// so of any number of callers on any number of replicas exactly one wins
-// a fresh or expired key. Every lease call names the lease's token in its
+// The primary key is the concurrency control. A claim is one statement
+// that returns the live row if there is one, writing nothing, and
+// otherwise runs an INSERT ... ON CONFLICT DO UPDATE that replaces the
+// row only when it has expired, so of any number of callers on any number
+// of replicas exactly one wins a fresh or expired key. Every lease call names the lease's token in its
 // WHERE: a holder whose record was taken over, released or expired
 // changes nothing and gets contract.ErrLeaseLost. Completed responses and
 // fingerprints are never overwritten.
 //
 // Each end of a lease (complete, release, mark, take-over) sends a
-// NOTIFY in the same statement or transaction. Each Store keeps one
+// NOTIFY in the same statement or transaction when the record says that
+// someone waits: Wait marks the record before it sleeps, so the many ends
+// nobody waits for skip the notification, whose commit PostgreSQL
+// serialises across the whole server. Each Store keeps one
 // connection that LISTENs and wakes the waiters of the scope named; if
 // that connection is lost, waiters re-read their records every half
 // second until it is back.

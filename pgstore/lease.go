@@ -45,20 +45,20 @@ const mine = `tenant = $1 AND endpoint = $2 AND idem_key = $3
 
 // settleSQL ends a lease with a state ($6) and, for a completion, a
 // response ($7-$12), and announces it to waiters ($13, $14) in the same
-// statement.
+// statement when the record says someone waits (see waitSQL).
 const settleSQL = `
 WITH u AS (
 	UPDATE idempotency_keys SET state = $6, response_status = $7, response_headers = $8,
 		response_body = $9, body_len = $10, body_digest = $11, body_omitted = $12,
 		lease_until = $5, updated_at = $5
 	WHERE ` + mine + `
-	RETURNING ` + columns + `
+	RETURNING ` + columns + `, waiting
 )
-SELECT u.*, pg_notify($13, $14) FROM u`
+SELECT u.*, CASE WHEN u.waiting THEN pg_notify($13, $14) END FROM u`
 
 const releaseSQL = `
-WITH d AS (DELETE FROM idempotency_keys WHERE ` + mine + ` RETURNING 1)
-SELECT pg_notify($6, $7) FROM d`
+WITH d AS (DELETE FROM idempotency_keys WHERE ` + mine + ` RETURNING waiting)
+SELECT CASE WHEN d.waiting THEN pg_notify($6, $7) END FROM d`
 
 const extendSQL = `
 UPDATE idempotency_keys SET lease_until = $6, updated_at = $5
@@ -96,7 +96,7 @@ func (l *lease) MarkFailed(ctx context.Context) error {
 func (l *lease) settle(ctx context.Context, st contract.State, e contract.Event, status, hdr any, body []byte, bodyLen int64, digest []byte, omitted bool) error {
 	return l.call(ctx, func(now time.Time) error {
 		r, err := scanRecord(l.q.QueryRow(ctx, settleSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
-			int16(st), status, hdr, body, bodyLen, digest, omitted, notifyChannel, scopeTag(l.scope)), nil)
+			int16(st), status, hdr, body, bodyLen, digest, omitted, notifyChannel, scopeTag(l.scope)), new(bool), nil)
 		if err != nil {
 			return err
 		}

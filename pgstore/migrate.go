@@ -51,6 +51,11 @@ CREATE TABLE idempotency_keys (
 CREATE INDEX idempotency_keys_expires_at ON idempotency_keys (expires_at);
 CREATE INDEX idempotency_keys_unsettled ON idempotency_keys (lease_until) WHERE state <> 2;
 `},
+	// waiting is set by Wait before it sleeps, and never cleared: the end
+	// of a lease notifies only when it is set (see waitSQL).
+	{2, "idempotency_keys_waiting", `
+ALTER TABLE idempotency_keys ADD COLUMN waiting boolean NOT NULL DEFAULT false;
+`},
 }
 
 // schemaVersion is the version this package needs.

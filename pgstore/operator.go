@@ -123,16 +123,17 @@ func (s *Store) Overdue(ctx context.Context, limit int) ([]*contract.Record, err
 }
 
 // takeOverSQL grants a new lease ($4 token, $6 its end) on a record that
-// is unknown, failed, or in progress past its lease, and announces it.
+// is unknown, failed, or in progress past its lease, and announces it
+// when the record says someone waits.
 const takeOverSQL = `
 WITH u AS (
 	UPDATE idempotency_keys SET state = 1, lease_token = $4, lease_until = $6,
 		attempts = attempts + 1, updated_at = $5
 	WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $5
 		AND (state IN (3, 4) OR (state = 1 AND lease_until <= $5))
-	RETURNING ` + columns + `
+	RETURNING ` + columns + `, waiting
 )
-SELECT u.*, pg_notify($7, $8) FROM u`
+SELECT u.*, CASE WHEN u.waiting THEN pg_notify($7, $8) END FROM u`
 
 // TakeOver gives the caller a new lease on a stuck record, as
 // contract.Operator.TakeOver says.
@@ -150,7 +151,7 @@ func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease
 		now := s.now()
 		token := newToken()
 		r, err := scanRecord(s.pool.QueryRow(ctx, takeOverSQL, sc.Tenant, sc.Endpoint, sc.Key, token, now,
-			now.Add(s.opts.Lease), notifyChannel, scopeTag(sc)), nil)
+			now.Add(s.opts.Lease), notifyChannel, scopeTag(sc)), new(bool), nil)
 		if err == nil {
 			s.note(contract.EventTakenOver, &r.rec, time.Time{})
 			return &lease{s: s, q: s.pool, scope: sc, token: r.token, start: now, rec: r.rec}, nil
@@ -193,7 +194,7 @@ FROM c
 WHERE k.tenant = c.tenant AND k.endpoint = c.endpoint AND k.idem_key = c.idem_key
 RETURNING k.tenant, k.endpoint, k.idem_key, k.fingerprint, k.state, k.response_status,
 	k.response_headers, k.response_body, k.body_len, k.body_digest, k.body_omitted,
-	k.lease_token, k.lease_until, k.attempts, k.created_at, k.updated_at, k.expires_at`
+	k.lease_token, k.lease_until, k.attempts, k.created_at, k.updated_at, k.expires_at, k.waiting`
 
 const countOverdueSQL = `SELECT count(*) FROM idempotency_keys
 WHERE state = 1 AND lease_until <= $1 AND expires_at > $1`
@@ -260,19 +261,22 @@ func (s *Store) Reconcile(ctx context.Context) (contract.ReconcileResult, error)
 func (s *Store) takeOverdue(ctx context.Context, pass time.Time) (*lease, error) {
 	// The notification needs the scope's tag, which is known only once
 	// the row is picked; so pick and take over in a transaction, then
-	// notify before it commits.
+	// notify before it commits, if the record says someone waits.
 	var out *lease
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		now := s.now()
 		if now.Before(pass) {
 			now = pass // a clock set back must not end the lease before pass
 		}
-		r, err := scanRecord(tx.QueryRow(ctx, reconcilePickSQL, pass, newToken(), now.Add(s.opts.Lease), now))
+		var waiting bool
+		r, err := scanRecord(tx.QueryRow(ctx, reconcilePickSQL, pass, newToken(), now.Add(s.opts.Lease), now), &waiting)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", notifyChannel, scopeTag(r.rec.Scope)); err != nil {
-			return err
+		if waiting {
+			if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", notifyChannel, scopeTag(r.rec.Scope)); err != nil {
+				return err
+			}
 		}
 		out = &lease{s: s, q: s.pool, scope: r.rec.Scope, token: r.token, start: now, rec: r.rec}
 		return nil

@@ -298,32 +298,48 @@ func encodeHeader(h http.Header) (any, error) {
 	return string(b), nil
 }
 
-// claimSQL inserts a fresh claim, or replaces a record that has expired,
-// in one statement on the primary key: of many callers at once exactly
-// one gets a row back. A live record is left alone and no row returns.
+// claimSQL claims a key in one statement. A live record is only read:
+// it comes back with won false, and nothing is written or locked, so a
+// replay costs no commit to disk. Otherwise the statement inserts a fresh
+// claim, or replaces a record that has expired, on the primary key: of
+// many callers at once exactly one gets a row back with won true. A
+// record committed after the statement's snapshot, which the read missed
+// and the insert met, yields no row; the caller runs the statement again,
+// and then reads it. The parameters the INSERT alone uses are cast, since
+// an INSERT from a SELECT does not give them its columns' types. Before
+// it inserts, the statement bounds its own lock waits by $9 (lock_timeout
+// for the rest of the transaction): the wait for another transaction that
+// holds the same key and has not ended yet.
 const claimSQL = `
-INSERT INTO idempotency_keys AS k (tenant, endpoint, idem_key, fingerprint, state,
-	lease_token, lease_until, attempts, created_at, updated_at, expires_at)
-VALUES ($1, $2, $3, $4, 1, $5, $6, 1, $7, $7, $8)
-ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
-	fingerprint = EXCLUDED.fingerprint, state = 1,
-	response_status = NULL, response_headers = NULL, response_body = NULL,
-	body_len = 0, body_digest = NULL, body_omitted = false,
-	lease_token = EXCLUDED.lease_token, lease_until = EXCLUDED.lease_until, attempts = 1,
-	created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at
-WHERE k.expires_at <= $7
-RETURNING ` + columns
+WITH live AS (
+	SELECT ` + columns + ` FROM idempotency_keys
+	WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $7
+), ins AS (
+	INSERT INTO idempotency_keys AS k (tenant, endpoint, idem_key, fingerprint, state,
+		lease_token, lease_until, attempts, created_at, updated_at, expires_at)
+	SELECT $1, $2, $3, $4::bytea, 1, $5::bytea, $6::timestamptz, 1, $7, $7, $8::timestamptz
+	WHERE NOT EXISTS (SELECT FROM live) AND set_config('lock_timeout', $9, true) IS NOT NULL
+	ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
+		fingerprint = EXCLUDED.fingerprint, state = 1,
+		response_status = NULL, response_headers = NULL, response_body = NULL,
+		body_len = 0, body_digest = NULL, body_omitted = false,
+		lease_token = EXCLUDED.lease_token, lease_until = EXCLUDED.lease_until, attempts = 1,
+		created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at
+	WHERE k.expires_at <= $7
+	RETURNING ` + columns + `
+)
+SELECT ins.*, true FROM ins UNION ALL SELECT live.*, false FROM live`
 
 const getSQL = `SELECT ` + columns + ` FROM idempotency_keys
 WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $4`
 
-// claimRetries bounds how often Claim goes round when the record it met
-// vanished before it could read it (released or swept meanwhile).
+// claimRetries bounds how often Claim goes round when its statement
+// returned nothing: each time, a record committed meanwhile was in the
+// way, and was released or swept before the next try could read it.
 const claimRetries = 8
 
-// lockTimeoutSQL bounds the lock waits of the claim statement that
-// follows it in the same transaction: the wait for another transaction
-// that inserted the same key and has not ended yet.
+// lockTimeoutSQL sets lock_timeout for the rest of the transaction: after
+// a claim in the caller's transaction, to the caller's own.
 const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
 
 // sqlLockNotAvailable is the SQLSTATE of a lock wait past lock_timeout.
@@ -361,19 +377,24 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 	for range claimRetries {
 		now := s.now()
 		args := []any{sc.Tenant, sc.Endpoint, sc.Key, fp[:],
-			newToken(), now.Add(s.opts.Lease), now, now.Add(s.ttlFor(sc.Endpoint))}
+			newToken(), now.Add(s.opts.Lease), now, now.Add(s.ttlFor(sc.Endpoint)), s.lockTimeout}
 		var (
 			r   *row
+			won bool
 			err error
 		)
 		if tx == nil {
-			r, err = s.insertClaim(ctx, args)
+			r, err = s.insertClaim(ctx, args, &won)
 		} else {
-			r, err = s.insertClaimTx(ctx, tx, args)
+			r, err = s.insertClaimTx(ctx, tx, args, &won)
 		}
-		if err == nil {
+		if err == nil && won {
 			s.note(contract.EventClaimed, &r.rec, time.Time{})
 			return &lease{s: s, q: q, scope: sc, token: r.token, start: now, rec: r.rec}, nil, nil
+		}
+		if err == nil {
+			rec, err := s.answer(&r.rec, fp, now)
+			return nil, rec, err
 		}
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == sqlLockNotAvailable {
@@ -386,49 +407,27 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, nil, s.fail("claim", err)
 		}
-		r, err = scanRecord(q.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue
-		}
-		if err != nil {
-			return nil, nil, s.fail("claim", err)
-		}
-		rec, err := s.answer(&r.rec, fp, now)
-		return nil, rec, err
 	}
 	return nil, nil, fmt.Errorf("pgstore: claim: the record kept changing under %d attempts", claimRetries)
 }
 
 // insertClaim runs claimSQL with args on the pool, its lock waits bounded
-// by Options.ClaimWait. Both statements go in one round trip and one
-// implicit transaction, which commits when the batch ends: the claim is
-// durable only once Close reports no error, so an error from Close, such
-// as a connection lost before the answer, is the claim's error.
-func (s *Store) insertClaim(ctx context.Context, args []any) (*row, error) {
-	b := &pgx.Batch{}
-	b.Queue(lockTimeoutSQL, s.lockTimeout)
-	b.Queue(claimSQL, args...)
-	br := s.pool.SendBatch(ctx, b)
-	_, err := br.Exec()
-	var r *row
-	if err == nil {
-		r, err = scanRecord(br.QueryRow())
-	}
-	if cerr := br.Close(); cerr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
-		return nil, cerr
-	}
-	return r, err
+// by Options.ClaimWait, and sets won from its answer. The statement is its
+// own transaction: Scan returns once its commit is answered, so an error
+// at the commit, such as a connection lost before the answer, is the
+// claim's error.
+func (s *Store) insertClaim(ctx context.Context, args []any, won *bool) (*row, error) {
+	return scanRecord(s.pool.QueryRow(ctx, claimSQL, args...), won)
 }
 
 // insertClaimTx runs claimSQL with args in tx under a savepoint, its lock
 // waits bounded by Options.ClaimWait as in insertClaim. The savepoint
 // keeps tx usable when the statement fails, and the caller's own
 // lock_timeout is restored afterwards.
-func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any) (*row, error) {
+func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any, won *bool) (*row, error) {
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT idem_claim")
 	b.Queue("SELECT current_setting('lock_timeout')")
-	b.Queue(lockTimeoutSQL, s.lockTimeout)
 	b.Queue(claimSQL, args...)
 	br := tx.SendBatch(ctx, b)
 	var (
@@ -440,10 +439,7 @@ func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any) (*row,
 		err = br.QueryRow().Scan(&prev)
 	}
 	if err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		r, err = scanRecord(br.QueryRow())
+		r, err = scanRecord(br.QueryRow(), won)
 	}
 	if cerr := br.Close(); cerr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
 		err = cerr

@@ -79,6 +79,39 @@ func TestReplicasOneWinner(t *testing.T) {
 	assert.Equal(t, 1, winners)
 }
 
+// A claim of a live record only reads it: the replay and the refusal
+// neither write the row nor lock it, so neither waits for a commit to
+// reach the disk. A row lock would leave the claim's transaction id in
+// the row's xmax.
+func TestClaimOfLiveRecordWritesNothing(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	s := open(t, dsn, &pgstore.Options{Now: idemtest.NewClock().Now})
+	done, held := scope("done"), scope("held")
+	l, _, err := s.Claim(t.Context(), done, fp)
+	require.NoError(t, err)
+	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+	_, _, err = s.Claim(t.Context(), held, fp)
+	require.NoError(t, err)
+
+	conn, err := pgx.Connect(t.Context(), dsn)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	version := func(sc contract.Scope) (v string) {
+		require.NoError(t, conn.QueryRow(t.Context(), `SELECT ctid::text || '/' || xmin::text || '/' || xmax::text
+			FROM idempotency_keys WHERE idem_key = $1`, sc.Key).Scan(&v))
+		return v
+	}
+	before := []string{version(done), version(held)}
+	for range 3 {
+		_, rec, err := s.Claim(t.Context(), done, fp)
+		require.NoError(t, err)
+		require.NotNil(t, rec)
+		_, _, err = s.Claim(t.Context(), held, fp)
+		require.ErrorIs(t, err, contract.ErrInProgress)
+	}
+	assert.Equal(t, before, []string{version(done), version(held)})
+}
+
 func TestEventsAreLogged(t *testing.T) {
 	var out syncBuffer
 	s := open(t, pgtest.DSN(t), &pgstore.Options{Events: slog.New(slog.NewTextHandler(&out, nil))})

@@ -386,12 +386,21 @@ func TestClaimTxReleaseKeepsOtherWrites(t *testing.T) {
 
 // The end of a lease in a transaction is announced when the transaction
 // commits, not before: notifications arrive in commit order, so one sent
-// by another transaction while tx is open arrives first.
+// by another transaction while tx is open arrives first. Ends are
+// announced only for records waited on, and a claim in a transaction is
+// invisible to Wait; so the record here is one a waiter marked and that
+// expired, which the claim in tx replaces, keeping the mark. The waiter,
+// still asleep, is woken by the commit.
 func TestClaimTxNotifiesAtCommit(t *testing.T) {
-	e := newTxEnv(t, nil)
+	clock := idemtest.NewClock()
+	e := newTxEnv(t, func(o *pgstore.Options) { o.Now, o.Lease, o.TTL = clock.Now, time.Minute, time.Hour })
 	listen := connect(t, e.dsn)
 	_, err := listen.Exec(t.Context(), "LISTEN idem_keys")
 	require.NoError(t, err)
+	_, _, err = e.a.Claim(t.Context(), scope("k"), fp)
+	require.NoError(t, err)
+	woke := waitOn(t, e.b, scope("k"))
+	clock.Advance(2 * time.Hour)
 
 	tx := e.begin(t)
 	l, _, err := e.a.ClaimTx(t.Context(), tx, scope("k"), fp)
@@ -400,6 +409,7 @@ func TestClaimTxNotifiesAtCommit(t *testing.T) {
 	_, err = e.look.Exec(t.Context(), "SELECT pg_notify('idem_keys', 'before-commit')")
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(t.Context()))
+	within(t, woke, wakeBound)
 
 	ctx, cancel := context.WithTimeout(t.Context(), wakeBound)
 	defer cancel()

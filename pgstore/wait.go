@@ -198,8 +198,10 @@ func (l *listener) stop() {
 // Wait blocks while s is in progress under a live lease, as
 // contract.Store.Wait says. The end of a lease on any replica wakes it
 // through LISTEN/NOTIFY; a lease that merely runs out does not, since
-// nothing announces it. While the listener is reconnecting, Wait re-reads
-// the record every half second instead. A claim in a transaction that has
+// nothing announces it. Each look at the record also marks it as waited
+// on, a write, so that the end of its lease is announced. While the
+// listener is reconnecting, Wait re-reads the record every half second
+// instead. A claim in a transaction that has
 // not committed (ClaimTx, InTx) is invisible to Wait, which returns at
 // once; the next Claim waits for that transaction, up to
 // Options.ClaimWait.
@@ -215,10 +217,11 @@ func (s *Store) Wait(ctx context.Context, sc contract.Scope) error {
 		if err := s.enter(); err != nil {
 			return err
 		}
-		// Register before reading, so an end of the lease committed after
-		// the read is announced to this waiter.
+		// Register before marking and reading, so that an end of the
+		// lease committed after the read is announced to this waiter
+		// (see waitSQL).
 		w, connected := s.listener.register(tag)
-		held, err := s.held(ctx, sc)
+		held, err := s.mark(ctx, sc)
 		if err != nil || !held {
 			s.listener.unregister(w)
 			return err
@@ -253,14 +256,35 @@ func (s *Store) Wait(ctx context.Context, sc contract.Scope) error {
 	}
 }
 
-// held reports whether s is in progress under a live lease.
-func (s *Store) held(ctx context.Context, sc contract.Scope) (bool, error) {
-	now := s.now()
+// waitSQL marks the record of a waiter's scope as waited on and reports
+// whether it is in progress under a live lease, in one statement. The
+// ends of a lease (settleSQL, releaseSQL, takeOverSQL, reconcilePickSQL)
+// notify only when their row says waiting, so the commit of a completion
+// that nobody waits for takes no notification lock.
+//
+// No wake-up is lost. Wait registers with the listener, then runs this
+// statement; it and an end of the lease both write the row, so PostgreSQL
+// orders them by its row lock. If the end commits first, this statement
+// sees the row as the end left it (READ COMMITTED re-checks its WHERE on
+// the newest version after waiting for the lock) and reports the lease
+// over, or held by a new one. If the mark commits first, the end's row
+// carries waiting = true and the end notifies at its commit, after the
+// mark, so after the registration: the listener hands it to this waiter.
+// The mark is never cleared: an end that cleared it would no longer see,
+// in the row it returns, whether it was set. A record once waited on
+// costs a notification per end of a lease for the rest of its life. A
+// claim that replaces an expired record keeps the mark, as any waiter
+// still asleep on it waits for that claim's lease to end too.
+const waitSQL = `UPDATE idempotency_keys SET waiting = true
+WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3
+	AND expires_at > $4 AND state = 1 AND lease_until > $4
+RETURNING true`
+
+// mark marks s as waited on and reports whether s is in progress under a
+// live lease (waitSQL).
+func (s *Store) mark(ctx context.Context, sc contract.Scope) (bool, error) {
 	var held bool
-	err := s.pool.QueryRow(ctx, `SELECT true FROM idempotency_keys
-		WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3
-		AND expires_at > $4 AND state = 1 AND lease_until > $4`,
-		sc.Tenant, sc.Endpoint, sc.Key, now).Scan(&held)
+	err := s.pool.QueryRow(ctx, waitSQL, sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&held)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

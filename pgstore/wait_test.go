@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -109,4 +110,38 @@ func TestReplicasWaitSurvivesListenerLoss(t *testing.T) {
 	woke = waitOn(t, b, scope("k2"))
 	require.NoError(t, l.Release(t.Context()))
 	within(t, woke, wakeBound)
+}
+
+// A waiter that starts as the lease ends is either notified or sees the
+// end when it reads the record: ends are announced only to records marked
+// waited on, and the mark and the end are ordered by the row's lock.
+// Waiters on both replicas race the end of the lease, many times over;
+// every one returns within wakeBound.
+func TestReplicasWaitRacesTheEnd(t *testing.T) {
+	a, b := replicas(t, idemtest.NewClock(), nil)
+	const rounds = 200
+	for i := range rounds {
+		sc := scope(fmt.Sprintf("k%d", i))
+		l, _, err := a.Claim(t.Context(), sc, fp)
+		require.NoError(t, err)
+		start := make(chan struct{})
+		woke := make(chan error, 2)
+		for _, s := range []*pgstore.Store{a, b} {
+			go func() {
+				<-start
+				woke <- s.Wait(t.Context(), sc)
+			}()
+		}
+		close(start)
+		// Spread the end over the waiters' steps: registering, marking
+		// and reading the record.
+		time.Sleep(time.Duration(i%8) * 250 * time.Microsecond)
+		if i%2 == 0 {
+			require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+		} else {
+			require.NoError(t, l.Release(t.Context()))
+		}
+		within(t, woke, wakeBound)
+		within(t, woke, wakeBound)
+	}
 }
