@@ -22,7 +22,7 @@ const pgstoreSchema = "idem_bench_pgstore"
 // pgstoreSystem is package pgstore, opened with nil options, on the
 // server and database the postgres system uses: the same workload, with
 // the contract's work on top (lease token and times, the body's length
-// and digest, the record read back, the NOTIFY that wakes waiters). A
+// and digest, the record read back, a NOTIFY when someone waits). A
 // replay is a Claim of the same key and fingerprint, as for idem.
 type pgstoreSystem struct {
 	s   *pgstore.Store

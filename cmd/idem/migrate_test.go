@@ -19,22 +19,22 @@ func TestMigrate(t *testing.T) {
 
 	r := migrate("--check")
 	assert.Equal(t, 1, r.code, r.stderr)
-	assert.Regexp(t, `^the PostgreSQL store at 127\.0\.0\.1:\d+ needs migrations \(.*lacks version 1\): run idem migrate --store DSN to apply them\n$`, r.stdout)
+	assert.Regexp(t, `^the PostgreSQL store at 127\.0\.0\.1:\d+ needs migrations \(.*lacks version 1, 2\): run idem migrate --store DSN to apply them\n$`, r.stdout)
 	assert.False(t, tableExists(t, dsn, "idem_schema_migrations"), "--check changes nothing")
 
 	r = migrate()
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Regexp(t, `^applied migration 1 \(idempotency_keys\)\nThe PostgreSQL store at 127\.0\.0\.1:\d+ is at schema version 1, up to date\n$`, r.stdout)
+	assert.Regexp(t, `^applied migration 1 \(idempotency_keys\)\napplied migration 2 \(idempotency_keys_waiting\)\nThe PostgreSQL store at 127\.0\.0\.1:\d+ is at schema version 2, up to date\n$`, r.stdout)
 	assert.Empty(t, r.stderr)
 	assert.True(t, tableExists(t, dsn, "idempotency_keys"))
 
 	r = migrate()
 	require.Equal(t, 0, r.code, r.stderr)
-	assert.Regexp(t, `^The PostgreSQL store at \S+ is at schema version 1, up to date\n$`, r.stdout, "nothing left to apply")
+	assert.Regexp(t, `^The PostgreSQL store at \S+ is at schema version 2, up to date\n$`, r.stdout, "nothing left to apply")
 
 	r = migrate("--check")
 	assert.Equal(t, 0, r.code, r.stderr)
-	assert.Regexp(t, `^The PostgreSQL store at \S+ is at schema version 1, up to date\n$`, r.stdout)
+	assert.Regexp(t, `^The PostgreSQL store at \S+ is at schema version 2, up to date\n$`, r.stdout)
 
 	assertNoSecret(t, dsn, outputs...)
 }
