@@ -91,15 +91,16 @@ func requestBody(o op) string {
 	return `{"amount":4200,"currency":"usd","customer":"cus_8812","order":"` + o.key + `"}`
 }
 
-func (s *httpSystem) post(ctx context.Context, o op) (*http.Response, []byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, strings.NewReader(requestBody(o)))
+// postOp sends o's POST to url and reads the answer, which must be 201.
+func postOp(ctx context.Context, client *http.Client, url string, o op) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(requestBody(o)))
 	if err != nil {
 		return nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", o.key)
 	req.Header.Set(tenantHeader, o.tenant)
-	resp, err := s.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -116,7 +117,7 @@ func (s *httpSystem) post(ctx context.Context, o op) (*http.Response, []byte, er
 }
 
 func (s *httpSystem) claimComplete(ctx context.Context, o op, body []byte) error {
-	resp, _, err := s.post(ctx, o)
+	resp, _, err := postOp(ctx, s.client, s.url, o)
 	if err == nil && resp.Header.Get("Idempotent-Replayed") != "" {
 		err = errors.New("bench: a fresh key was answered as a replay")
 	}
@@ -124,7 +125,7 @@ func (s *httpSystem) claimComplete(ctx context.Context, o op, body []byte) error
 }
 
 func (s *httpSystem) replay(ctx context.Context, o op) ([]byte, error) {
-	resp, b, err := s.post(ctx, o)
+	resp, b, err := postOp(ctx, s.client, s.url, o)
 	if err == nil && resp.Header.Get("Idempotent-Replayed") != "true" {
 		err = errors.New("bench: a retry ran the handler again")
 	}

@@ -40,7 +40,7 @@ func main() {
 	bodySize := flag.Int("body", 1024, "response body size in bytes")
 	outDir := flag.String("out", "idem-bench-results", `directory to write results.md, throughput.svg and p99.svg into ("" to print only)`)
 	dataDir := flag.String("data", ".", "directory under which the temporary stores are created")
-	pgDSN := flag.String("pg", "", "PostgreSQL connection string, for the postgres and pgstore systems (e.g. postgres://user@127.0.0.1:55432/db)")
+	pgDSN := flag.String("pg", "", "PostgreSQL connection string, for the postgres, pgstore and proxy-pg-N systems (e.g. postgres://user@127.0.0.1:55432/db)")
 	redisAddr := flag.String("redis", "", "Redis address, for the redis system; the server must run appendonly yes, appendfsync always")
 	rounds := flag.Int("rounds", 3, "how many times each cell runs, interleaved; the table shows the median run")
 	flag.Parse()
@@ -113,7 +113,7 @@ func (c config) maxConc() int { return slices.Max(c.concs) }
 // check reports a system that needs a server the flags do not name.
 func (c config) check() error {
 	var errs []error
-	for _, name := range []string{"postgres", "pgstore"} {
+	for _, name := range []string{"postgres", "pgstore", "proxy-pg-1", "proxy-pg-2", "proxy-pg-3"} {
 		if slices.Contains(c.systems, name) && c.pgDSN == "" {
 			errs = append(errs, fmt.Errorf("the %s system needs -pg DSN (bench/run.sh starts a server and passes it)", name))
 		}

@@ -20,6 +20,7 @@ var baselines = []struct{ system, heading string }{
 	{"postgres", "vs postgres"},
 	{"disk", "vs disk ceiling"},
 	{"pebble", "vs pebble"},
+	{"proxy-pg-1", "vs proxy-pg-1"},
 }
 
 // results is everything one run measured.

@@ -116,7 +116,7 @@ start_postgres() {
   # fsync and synchronous_commit are on (the defaults, stated so a reader
   # sees it): every commit is durable before it answers.
   if ! "${as[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -t 60 start -o \
-    "-c listen_addresses=127.0.0.1 -p $pg_port -c unix_socket_directories=$dir -c fsync=on -c synchronous_commit=on -c max_connections=200 -c shared_buffers=256MB" \
+    "-c listen_addresses=127.0.0.1 -p $pg_port -c unix_socket_directories=$dir -c fsync=on -c synchronous_commit=on -c max_connections=500 -c shared_buffers=256MB" \
     >"$dir/pg_ctl.log" 2>&1; then
     say "PostgreSQL did not start"; tail -5 "$dir/log" >&2 || true
     # It may be up but late: stop it too.
