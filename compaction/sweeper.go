@@ -35,8 +35,7 @@ type Sweeper struct {
 	// Commit durably applies the operations fill adds, atomically.
 	Commit func(fill func(*pebble.Batch) error) error
 	// Expire adds to b the deletion of the record stored under rk, with
-	// everything that belongs to it but its expiry-index entry, if it has
-	// expired by now (Unix ns). It returns the bytes the record occupied,
+	// everything that belongs to it, if it has expired by now (Unix ns). It returns the bytes the record occupied,
 	// body chunks included, or 0 if it did not delete it. The caller holds
 	// rk's lock. done, when not nil, is called once the deletion is
 	// durable, for whatever must not be said before (a log event).
@@ -104,7 +103,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now int64, progress func(walked int
 			return res, errors.Join(err, s.maybeCompact(ctx, &res))
 		}
 		end := append(bytes.Clone(batch[len(batch)-1].xk), 0)
-		if err := s.step(batch, lo, end, now, &res); err != nil {
+		if err := s.step(batch, end, now, &res); err != nil {
 			return res, err
 		}
 		lo = end
@@ -132,9 +131,13 @@ func (s *Sweeper) scan(lo, hi []byte) ([]entry, error) {
 	return out, errors.Join(it.Error(), it.Close())
 }
 
-// step deletes the expired records among batch and retires [lo, end) of
-// the expiry index.
-func (s *Sweeper) step(batch []entry, lo, end []byte, now int64, res *Result) error {
+// step deletes the expired records among batch, and the entries of batch
+// whose record it did not delete (stale or orphaned). It deletes those
+// entries one by one, never the span they lie in: a writer of a key that
+// is not in batch, whose stripe step does not hold, may have put an entry
+// in that span since the scan, and a range deletion would take it from
+// under a record that is still stored.
+func (s *Sweeper) step(batch []entry, end []byte, now int64, res *Result) error {
 	rks := make([][]byte, len(batch))
 	for i, e := range batch {
 		rks[i] = e.rk
@@ -155,14 +158,14 @@ func (s *Sweeper) step(batch []entry, lo, end []byte, now int64, res *Result) er
 			dones = append(dones, done)
 		}
 		if size == 0 {
+			if err := b.Delete(e.xk, nil); err != nil {
+				return err
+			}
 			continue
 		}
 		n++
 		freed += size
 		s.widen(e.rk)
-	}
-	if err := b.DeleteRange(lo, end, nil); err != nil {
-		return err
 	}
 	if err := s.Commit(func(gb *pebble.Batch) error { return gb.Apply(b, nil) }); err != nil {
 		return err
