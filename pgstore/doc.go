@@ -22,11 +22,12 @@
 //
 // # Guarantees
 //
-// The primary key is the concurrency control. A claim is one statement
-// that returns the live row if there is one, writing nothing, and
-// otherwise runs an INSERT ... ON CONFLICT DO UPDATE that replaces the
-// row only when it has expired, so of any number of callers on any number
-// of replicas exactly one wins a fresh or expired key. Every lease call names the lease's token in its
+// The primary key is the concurrency control. A claim first reads the
+// live row, and a replay or a refusal ends there, having written and
+// locked nothing. Otherwise it runs an INSERT ... ON CONFLICT DO UPDATE
+// that replaces the row only when it has expired, so of any number of
+// callers on any number of replicas exactly one wins a fresh or expired
+// key; a caller that meets a row committed since its read reads again. Every lease call names the lease's token in its
 // WHERE: a holder whose record was taken over, released or expired
 // changes nothing and gets contract.ErrLeaseLost. Completed responses and
 // fingerprints are never overwritten.
@@ -81,15 +82,25 @@
 // # Time and clocks
 //
 // Every time the store writes or compares comes from Options.Now on the
-// replica that makes the call, never from the database server. Replicas
-// must therefore keep their clocks close: a replica whose clock runs
-// ahead by d sees every lease end d early, and may answer outcome_pending
-// or hand a record to its reconciler while the holder is still working
-// (the holder then gets ErrLeaseLost and its outcome is not stored). Keep
-// the skew a small fraction of Options.Lease; NTP keeps it within
-// milliseconds, against a default lease of 30 seconds. TTLs are affected
-// the same way, which matters little at their length. Times are stored
-// to the microsecond.
+// replica that makes the call, never from the database server. Clocks
+// that differ between replicas move the ends of leases and records: a
+// replica whose clock runs d ahead of the one that claimed sees the lease
+// end, and the record expire, d early. Taken early, a lease would answer
+// outcome_pending or reach a reconciler while its holder still works
+// (the holder then gets ErrLeaseLost and its outcome is not stored), and
+// an early expiry would let a late retry run the operation again.
+//
+// Options.ClockSkew bounds this: each lease and each record is stored as
+// lasting ClockSkew longer than Options.Lease and the TTL, so as long as
+// no two replicas' clocks differ by more than ClockSkew, none ends a lease
+// before Lease, or a record before its TTL, has passed on the claimant's
+// clock. The price is that an abandoned claim reaches reconciliation, and
+// a record leaves, ClockSkew later. The default of one second is far
+// above what NTP keeps clocks to. Open warns when the replica's clock is
+// off from the database server's by more than half of ClockSkew (replicas
+// each within half of it of the server are within ClockSkew of each
+// other), and Metrics reports the offset as idem_pg_clock_offset_seconds,
+// to alert on. Times are stored to the microsecond.
 //
 // # Limits
 //

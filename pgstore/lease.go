@@ -45,16 +45,17 @@ const mine = `tenant = $1 AND endpoint = $2 AND idem_key = $3
 
 // settleSQL ends a lease with a state ($6) and, for a completion, a
 // response ($7-$12), and announces it to waiters ($13, $14) in the same
-// statement when the record says someone waits (see waitSQL).
+// statement when the record says someone waits (see waitSQL). It returns
+// nothing of the record: the lease knows what it wrote.
 const settleSQL = `
 WITH u AS (
 	UPDATE idempotency_keys SET state = $6, response_status = $7, response_headers = $8,
 		response_body = $9, body_len = $10, body_digest = $11, body_omitted = $12,
 		lease_until = $5, updated_at = $5
 	WHERE ` + mine + `
-	RETURNING ` + columns + `, waiting
+	RETURNING waiting
 )
-SELECT u.*, CASE WHEN u.waiting THEN pg_notify($13, $14) END FROM u`
+SELECT CASE WHEN u.waiting THEN pg_notify($13, $14) END FROM u`
 
 const releaseSQL = `
 WITH d AS (DELETE FROM idempotency_keys WHERE ` + mine + ` RETURNING waiting)
@@ -75,33 +76,45 @@ func (l *lease) Complete(ctx context.Context, resp contract.Response) error {
 	if err != nil {
 		return fmt.Errorf("%w: headers: %v", contract.ErrInvalidResponse, err)
 	}
-	digest := sha256.Sum256(resp.Body)
-	body, omitted := resp.Body, int64(len(resp.Body)) > l.s.opts.MaxBodyBytes
-	if omitted || len(body) == 0 {
-		body = nil
+	out := contract.Record{State: contract.StateCompleted, Response: resp,
+		BodyLen: int64(len(resp.Body)), BodyDigest: sha256.Sum256(resp.Body)}
+	out.BodyOmitted = out.BodyLen > l.s.opts.MaxBodyBytes
+	if out.BodyOmitted {
+		out.Response.Body = nil
 	}
-	return l.settle(ctx, contract.StateCompleted, contract.EventCompleted,
-		int32(resp.Status), hdr, body, int64(len(resp.Body)), digest[:], omitted)
+	return l.settle(ctx, out, contract.EventCompleted, int32(resp.Status), hdr, out.BodyDigest[:])
 }
 
 func (l *lease) MarkUnknown(ctx context.Context) error {
-	return l.settle(ctx, contract.StateUnknown, contract.EventUnknown, nil, nil, nil, 0, nil, false)
+	return l.settle(ctx, contract.Record{State: contract.StateUnknown}, contract.EventUnknown, nil, nil, nil)
 }
 
 func (l *lease) MarkFailed(ctx context.Context) error {
-	return l.settle(ctx, contract.StateFailed, contract.EventFailed, nil, nil, nil, 0, nil, false)
+	return l.settle(ctx, contract.Record{State: contract.StateFailed}, contract.EventFailed, nil, nil, nil)
 }
 
-// settle moves the record out of progress into st.
-func (l *lease) settle(ctx context.Context, st contract.State, e contract.Event, status, hdr any, body []byte, bodyLen int64, digest []byte, omitted bool) error {
+// settle moves the record out of progress into out's state, with out's
+// response and body fields; status, hdr and digest are those fields as
+// the statement takes them, nil for none.
+func (l *lease) settle(ctx context.Context, out contract.Record, e contract.Event, status, hdr any, digest []byte) error {
+	body := out.Response.Body
+	if len(body) == 0 {
+		body = nil
+	}
 	return l.call(ctx, func(now time.Time) error {
-		r, err := scanRecord(l.q.QueryRow(ctx, settleSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
-			int16(st), status, hdr, body, bodyLen, digest, omitted, notifyChannel, scopeTag(l.scope)), new(bool), nil)
+		tag, err := l.q.Exec(ctx, settleSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+			int16(out.State), status, hdr, body, out.BodyLen, digest, out.BodyOmitted, notifyChannel, scopeTag(l.scope))
 		if err != nil {
 			return err
 		}
-		l.rec = r.rec
-		l.s.note(e, &r.rec, l.start)
+		if tag.RowsAffected() == 0 {
+			return pgx.ErrNoRows
+		}
+		rec := l.rec
+		rec.State, rec.Response, rec.LeaseUntil, rec.UpdatedAt = out.State, out.Response, now, now
+		rec.BodyLen, rec.BodyDigest, rec.BodyOmitted = out.BodyLen, out.BodyDigest, out.BodyOmitted
+		l.rec = cloneRecord(rec)
+		l.s.note(e, &l.rec, l.start)
 		return nil
 	})
 }
@@ -127,7 +140,7 @@ func (l *lease) Release(ctx context.Context) error {
 func (l *lease) Extend(ctx context.Context) error {
 	return l.call(ctx, func(now time.Time) error {
 		r, err := scanRecord(l.q.QueryRow(ctx, extendSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
-			now.Add(l.s.opts.Lease)))
+			l.s.leaseEnd(now)))
 		if err != nil {
 			return err
 		}

@@ -22,8 +22,8 @@ FROM idempotency_keys`
 // sweep deletes them, counted over the whole table (every replica's). The
 // record counts read the table: call it at a scrape's pace, not per
 // request. Engine holds idem_pg_table_bytes (the table with its indexes
-// and TOAST), the pool's connections and whether the listener is
-// connected.
+// and TOAST), the pool's connections, whether the listener is connected
+// and the offset of the database server's clock from this replica's.
 func (s *Store) Metrics(ctx context.Context) (contract.Metrics, error) {
 	var m contract.Metrics
 	if err := ctx.Err(); err != nil {
@@ -44,6 +44,10 @@ func (s *Store) Metrics(ctx context.Context) (contract.Metrics, error) {
 	if oldest != nil {
 		m.OldestInProgress = max(0, now.Sub(*oldest))
 	}
+	offset, err := s.clockOffset(ctx)
+	if err != nil {
+		return m, s.fail("metrics", err)
+	}
 	m.Events = s.tally.Counts()
 	m.BytesReclaimed = s.reclaimed.Load()
 	ps := s.pool.Stat()
@@ -56,6 +60,7 @@ func (s *Store) Metrics(ctx context.Context) (contract.Metrics, error) {
 		{Name: "idem_pg_pool_acquired_conns", Help: "Pool connections in use now.", Value: float64(ps.AcquiredConns())},
 		{Name: "idem_pg_pool_total_conns", Help: "Pool connections open now.", Value: float64(ps.TotalConns())},
 		{Name: "idem_pg_listener_connected", Help: "1 while the connection that wakes waiters is listening, else 0.", Value: connected},
+		{Name: "idem_pg_clock_offset_seconds", Help: "How far the database server's clock is ahead of this replica's (negative: behind); keep it within half of ClockSkew.", Value: offset.Seconds()},
 	}
 	return m, nil
 }

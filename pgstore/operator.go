@@ -151,7 +151,7 @@ func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease
 		now := s.now()
 		token := newToken()
 		r, err := scanRecord(s.pool.QueryRow(ctx, takeOverSQL, sc.Tenant, sc.Endpoint, sc.Key, token, now,
-			now.Add(s.opts.Lease), notifyChannel, scopeTag(sc)), new(bool), nil)
+			s.leaseEnd(now), notifyChannel, scopeTag(sc)), new(bool), nil)
 		if err == nil {
 			s.note(contract.EventTakenOver, &r.rec, time.Time{})
 			return &lease{s: s, q: s.pool, scope: sc, token: r.token, start: now, rec: r.rec}, nil
@@ -269,7 +269,7 @@ func (s *Store) takeOverdue(ctx context.Context, pass time.Time) (*lease, error)
 			now = pass // a clock set back must not end the lease before pass
 		}
 		var waiting bool
-		r, err := scanRecord(tx.QueryRow(ctx, reconcilePickSQL, pass, newToken(), now.Add(s.opts.Lease), now), &waiting)
+		r, err := scanRecord(tx.QueryRow(ctx, reconcilePickSQL, pass, newToken(), s.leaseEnd(now), now), &waiting)
 		if err != nil {
 			return err
 		}

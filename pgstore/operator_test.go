@@ -76,7 +76,8 @@ func TestSweepBatchesAndTakesTurns(t *testing.T) {
 	const n = 2500 // more than two of the sweeper's batches
 	dsn := pgtest.DSN(t)
 	clock := idemtest.NewClock()
-	s := open(t, dsn, &pgstore.Options{Now: clock.Now, TTL: time.Hour})
+	const skew = time.Minute // every record lives TTL+skew
+	s := open(t, dsn, &pgstore.Options{Now: clock.Now, TTL: time.Hour, ClockSkew: skew})
 	conn, err := pgx.Connect(t.Context(), dsn)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
@@ -92,7 +93,7 @@ func TestSweepBatchesAndTakesTurns(t *testing.T) {
 	clock.Advance(time.Hour - time.Second)
 	_, _, err = s.Claim(t.Context(), scope("younger"), fp)
 	require.NoError(t, err)
-	clock.Advance(time.Second)
+	clock.Advance(time.Second + skew)
 
 	// Another replica holds the sweeper's lock: this one leaves the work.
 	_, err = conn.Exec(t.Context(), "SELECT pg_advisory_lock($1)", pgstore.LockSweep)

@@ -16,9 +16,15 @@ import (
 type Options struct {
 	// Now is the clock. Every time the store writes or compares comes from
 	// it, never from the database server, so tests can move time by hand.
-	// Replicas should keep their clocks close: see the package doc.
 	// Default: time.Now.
 	Now func() time.Time
+
+	// ClockSkew is the most that the clocks of two replicas may differ.
+	// Every lease and every record is stored as lasting this much longer
+	// than Lease and the TTL, so that a replica whose clock runs ahead by
+	// up to ClockSkew never ends a lease or expires a record early; see
+	// the package doc. Default: one second.
+	ClockSkew time.Duration
 
 	// Lease is how long a claim is held before it counts as abandoned.
 	// Default: 30 seconds.
@@ -99,6 +105,9 @@ func (o *Options) withDefaults() (Options, error) {
 	if c.TTL < 0 {
 		bad("TTL %s is negative", c.TTL)
 	}
+	if c.ClockSkew < 0 {
+		bad("ClockSkew %s is negative", c.ClockSkew)
+	}
 	if c.ClaimWait < 0 {
 		bad("ClaimWait %s is negative", c.ClaimWait)
 	}
@@ -127,6 +136,9 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if c.ClaimWait == 0 {
 		c.ClaimWait = 2 * time.Second
+	}
+	if c.ClockSkew == 0 {
+		c.ClockSkew = time.Second
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 4 << 20

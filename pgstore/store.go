@@ -94,7 +94,26 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
+	if off, err := s.clockOffset(ctx); err == nil && (off > o.ClockSkew/2 || off < -o.ClockSkew/2) {
+		o.Logger.Warn("pgstore: this replica's clock differs from the database server's by more than half of ClockSkew: "+
+			"other replicas may end its leases or expire its records early, or it theirs",
+			"server_ahead_by", off, "clock_skew", o.ClockSkew)
+	}
 	return s, nil
+}
+
+// clockOffset is how far the database server's clock is ahead of
+// Options.Now, taken halfway through the round trip. The server is one
+// clock that every replica can compare itself with: replicas each within
+// half of ClockSkew of it are within ClockSkew of each other.
+func (s *Store) clockOffset(ctx context.Context) (time.Duration, error) {
+	before := s.opts.Now()
+	var server time.Time
+	if err := s.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&server); err != nil {
+		return 0, err
+	}
+	after := s.opts.Now()
+	return server.Sub(before.Add(after.Sub(before) / 2)), nil
 }
 
 // Close stops the listener, wakes every waiter and closes the pool.
@@ -165,11 +184,23 @@ func validate(sc contract.Scope) error {
 // written and read back is equal to the one the store computed.
 func (s *Store) now() time.Time { return s.opts.Now().Truncate(time.Microsecond).UTC() }
 
-func (s *Store) ttlFor(endpoint string) time.Duration {
-	if ttl, ok := s.opts.EndpointTTL[endpoint]; ok {
-		return ttl
+// leaseEnd is when a lease granted at now ends for every replica: one
+// Options.Lease later, plus Options.ClockSkew, so that no replica whose
+// clock runs ahead within that bound sees it end before Lease has passed
+// for the holder.
+func (s *Store) leaseEnd(now time.Time) time.Time {
+	return now.Add(s.opts.Lease + s.opts.ClockSkew)
+}
+
+// expiry is when a record of endpoint claimed at now expires: its TTL
+// later, plus Options.ClockSkew, so that no replica drops it before the
+// TTL has passed for the replica that claimed it.
+func (s *Store) expiry(now time.Time, endpoint string) time.Time {
+	ttl, ok := s.opts.EndpointTTL[endpoint]
+	if !ok {
+		ttl = s.opts.TTL
 	}
-	return s.opts.TTL
+	return now.Add(ttl + s.opts.ClockSkew)
 }
 
 // note counts e and logs it when Options.Events is set. start is when the
@@ -298,42 +329,37 @@ func encodeHeader(h http.Header) (any, error) {
 	return string(b), nil
 }
 
-// claimSQL claims a key in one statement. A live record is only read:
-// it comes back with won false, and nothing is written or locked, so a
-// replay costs no commit to disk. Otherwise the statement inserts a fresh
-// claim, or replaces a record that has expired, on the primary key: of
-// many callers at once exactly one gets a row back with won true. A
-// record committed after the statement's snapshot, which the read missed
-// and the insert met, yields no row; the caller runs the statement again,
-// and then reads it. The parameters the INSERT alone uses are cast, since
-// an INSERT from a SELECT does not give them its columns' types. Before
-// it inserts, the statement bounds its own lock waits by $9 (lock_timeout
-// for the rest of the transaction): the wait for another transaction that
-// holds the same key and has not ended yet.
-const claimSQL = `
-WITH live AS (
-	SELECT ` + columns + ` FROM idempotency_keys
-	WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $7
-), ins AS (
-	INSERT INTO idempotency_keys AS k (tenant, endpoint, idem_key, fingerprint, state,
-		lease_token, lease_until, attempts, created_at, updated_at, expires_at)
-	SELECT $1, $2, $3, $4::bytea, 1, $5::bytea, $6::timestamptz, 1, $7, $7, $8::timestamptz
-	WHERE NOT EXISTS (SELECT FROM live) AND set_config('lock_timeout', $9, true) IS NOT NULL
-	ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
-		fingerprint = EXCLUDED.fingerprint, state = 1,
-		response_status = NULL, response_headers = NULL, response_body = NULL,
-		body_len = 0, body_digest = NULL, body_omitted = false,
-		lease_token = EXCLUDED.lease_token, lease_until = EXCLUDED.lease_until, attempts = 1,
-		created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at
-	WHERE k.expires_at <= $7
-	RETURNING ` + columns + `
-)
-SELECT ins.*, true FROM ins UNION ALL SELECT live.*, false FROM live`
-
+// getSQL reads the live record of a scope. A claim runs it first: a
+// replay or a refusal is then one plain read that writes and locks
+// nothing, which costs the server less than a statement that could also
+// insert.
 const getSQL = `SELECT ` + columns + ` FROM idempotency_keys
 WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $4`
 
-// claimRetries bounds how often Claim goes round when its statement
+// insertSQL claims a key that getSQL found no live record for: it inserts
+// a fresh claim, or replaces a record that has expired, on the primary
+// key, so of many callers at once exactly one gets a row back. A record
+// committed since the read, which the insert meets, yields no row; the
+// caller reads again. Before it inserts, the statement bounds its own
+// lock waits by $9 (lock_timeout for the rest of the transaction): the
+// wait for another transaction that holds the same key and has not ended
+// yet. The parameters are cast, since an INSERT from a SELECT does not
+// give them its columns' types.
+const insertSQL = `
+INSERT INTO idempotency_keys AS k (tenant, endpoint, idem_key, fingerprint, state,
+	lease_token, lease_until, attempts, created_at, updated_at, expires_at)
+SELECT $1, $2, $3, $4::bytea, 1, $5::bytea, $6::timestamptz, 1, $7::timestamptz, $7, $8::timestamptz
+WHERE set_config('lock_timeout', $9, true) IS NOT NULL
+ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
+	fingerprint = EXCLUDED.fingerprint, state = 1,
+	response_status = NULL, response_headers = NULL, response_body = NULL,
+	body_len = 0, body_digest = NULL, body_omitted = false,
+	lease_token = EXCLUDED.lease_token, lease_until = EXCLUDED.lease_until, attempts = 1,
+	created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at
+WHERE k.expires_at <= $7
+RETURNING true`
+
+// claimRetries bounds how often Claim goes round when its insert
 // returned nothing: each time, a record committed meanwhile was in the
 // way, and was released or swept before the next try could read it.
 const claimRetries = 8
@@ -376,25 +402,26 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 	}
 	for range claimRetries {
 		now := s.now()
-		args := []any{sc.Tenant, sc.Endpoint, sc.Key, fp[:],
-			newToken(), now.Add(s.opts.Lease), now, now.Add(s.ttlFor(sc.Endpoint)), s.lockTimeout}
-		var (
-			r   *row
-			won bool
-			err error
-		)
-		if tx == nil {
-			r, err = s.insertClaim(ctx, args, &won)
-		} else {
-			r, err = s.insertClaimTx(ctx, tx, args, &won)
-		}
-		if err == nil && won {
-			s.note(contract.EventClaimed, &r.rec, time.Time{})
-			return &lease{s: s, q: q, scope: sc, token: r.token, start: now, rec: r.rec}, nil, nil
-		}
+		r, err := scanRecord(q.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
 		if err == nil {
 			rec, err := s.answer(&r.rec, fp, now)
 			return nil, rec, err
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, nil, s.fail("claim", err)
+		}
+		l := &lease{s: s, q: q, scope: sc, token: newToken(), start: now, rec: contract.Record{
+			Scope: sc, Fingerprint: fp, State: contract.StateInProgress, Attempts: 1,
+			LeaseUntil: s.leaseEnd(now), CreatedAt: now, UpdatedAt: now, ExpiresAt: s.expiry(now, sc.Endpoint)}}
+		args := []any{sc.Tenant, sc.Endpoint, sc.Key, fp[:], l.token, l.rec.LeaseUntil, now, l.rec.ExpiresAt, s.lockTimeout}
+		if tx == nil {
+			err = s.pool.QueryRow(ctx, insertSQL, args...).Scan(new(bool))
+		} else {
+			err = s.insertClaimTx(ctx, tx, args)
+		}
+		if err == nil {
+			s.note(contract.EventClaimed, &l.rec, time.Time{})
+			return l, nil, nil
 		}
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == sqlLockNotAvailable {
@@ -411,35 +438,24 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 	return nil, nil, fmt.Errorf("pgstore: claim: the record kept changing under %d attempts", claimRetries)
 }
 
-// insertClaim runs claimSQL with args on the pool, its lock waits bounded
-// by Options.ClaimWait, and sets won from its answer. The statement is its
-// own transaction: Scan returns once its commit is answered, so an error
-// at the commit, such as a connection lost before the answer, is the
-// claim's error.
-func (s *Store) insertClaim(ctx context.Context, args []any, won *bool) (*row, error) {
-	return scanRecord(s.pool.QueryRow(ctx, claimSQL, args...), won)
-}
-
-// insertClaimTx runs claimSQL with args in tx under a savepoint, its lock
-// waits bounded by Options.ClaimWait as in insertClaim. The savepoint
-// keeps tx usable when the statement fails, and the caller's own
-// lock_timeout is restored afterwards.
-func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any, won *bool) (*row, error) {
+// insertClaimTx runs insertSQL with args in tx under a savepoint, its
+// lock waits bounded by Options.ClaimWait. The savepoint keeps tx usable
+// when the statement fails, and the caller's own lock_timeout is restored
+// afterwards. On the pool the statement is its own transaction, so the
+// setting ends with it.
+func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any) error {
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT idem_claim")
 	b.Queue("SELECT current_setting('lock_timeout')")
-	b.Queue(claimSQL, args...)
+	b.Queue(insertSQL, args...)
 	br := tx.SendBatch(ctx, b)
-	var (
-		prev string
-		r    *row
-	)
+	var prev string
 	_, err := br.Exec()
 	if err == nil {
 		err = br.QueryRow().Scan(&prev)
 	}
 	if err == nil {
-		r, err = scanRecord(br.QueryRow(), won)
+		err = br.QueryRow().Scan(new(bool))
 	}
 	if cerr := br.Close(); cerr != nil && (err == nil || errors.Is(err, pgx.ErrNoRows)) {
 		err = cerr
@@ -452,17 +468,14 @@ func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any, won *b
 		// uses the simple protocol, which an aborted transaction accepts:
 		// it prepares nothing.
 		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idem_claim; RELEASE SAVEPOINT idem_claim"); rerr != nil {
-			return nil, rerr // tx is unusable; what it refused no longer matters
+			return rerr // tx is unusable; what it refused no longer matters
 		}
-		return nil, err
+		return err
 	}
 	b = &pgx.Batch{}
 	b.Queue(lockTimeoutSQL, prev)
 	b.Queue("RELEASE SAVEPOINT idem_claim")
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, err
-	}
-	return r, nil
+	return tx.SendBatch(ctx, b).Close()
 }
 
 // answer decides what a claim of the live record rec gets. The

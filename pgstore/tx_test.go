@@ -495,12 +495,14 @@ func countIn(t *testing.T, tx pgx.Tx) int {
 func TestClaimTxSweepSkipsHeldRow(t *testing.T) {
 	clock := idemtest.NewClock()
 	e := newTxEnv(t, func(o *pgstore.Options) { o.Now = clock.Now; o.TTL = time.Hour })
+	var ttl time.Duration
 	for _, k := range []string{"k", "other"} {
 		l, _, err := e.a.Claim(t.Context(), scope(k), fp)
 		require.NoError(t, err)
 		require.NoError(t, l.Complete(t.Context(), created))
+		ttl = l.Record().ExpiresAt.Sub(l.Record().CreatedAt)
 	}
-	clock.Advance(time.Hour)
+	clock.Advance(ttl)
 
 	tx := e.begin(t)
 	l, _, err := e.a.ClaimTx(t.Context(), tx, scope("k"), fp)
