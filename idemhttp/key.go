@@ -13,6 +13,17 @@ var (
 	errKeyDuplicate = errors.New("the idempotency key is sent more than once")
 )
 
+// hasKey reports whether the request sends a key field at all, well
+// formed or not: a client that sends one expects its request protected.
+func (m *middleware) hasKey(r *http.Request) bool {
+	for _, name := range m.headers {
+		if _, ok := r.Header[name]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // readKey finds the request's idempotency key in the canonical header or
 // one of its aliases. A key sent on several field lines, or under two
 // names, is refused: which one would the client mean?

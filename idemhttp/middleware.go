@@ -1,5 +1,6 @@
 // Package idemhttp puts idem's idempotency contract in front of any
-// net/http handler: a POST with an Idempotency-Key runs once, its response
+// net/http handler: a POST (or any unsafe request) with an
+// Idempotency-Key runs once, its response
 // is stored durably, and every retry gets that response again, marked
 // Idempotent-Replayed: true. Retries that arrive while the first request
 // runs get 409 request_in_progress with Retry-After; the same key with a
@@ -48,8 +49,11 @@ type Options struct {
 	// none, else the method and the URL path.
 	Endpoint func(*http.Request) string
 
-	// Methods are the request methods that must carry a key. Requests with
-	// other methods pass straight through. Default: POST.
+	// Methods are the request methods that must carry a key. A request
+	// with another unsafe method (anything but GET, HEAD, OPTIONS and
+	// TRACE) is protected too when it carries a key, and passes straight
+	// through when it does not; safe methods always pass through unless
+	// listed here. Default: POST.
 	Methods []string
 
 	// Header is the field that carries the key. Default: Idempotency-Key.
@@ -268,7 +272,7 @@ func MarkUnknown(r *http.Request) {
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if !m.methods[r.Method] {
+	if !m.methods[r.Method] && (safeMethod(r.Method) || !m.hasKey(r)) {
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -284,6 +288,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}()
 	}
 	result, status = m.handle(w, r, next, endpoint)
+}
+
+// safeMethod reports whether RFC 9110 defines method as safe: such a
+// request changes nothing, so a key on it has nothing to protect.
+func safeMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 // handle answers a request that needs a key and returns its result, as

@@ -178,6 +178,48 @@ func TestGetPassesThrough(t *testing.T) {
 	assert.Equal(t, int64(2), e.app.runs.Load(), "reads run every time")
 }
 
+// TestKeyedUnsafeMethodIsProtected: Options.Methods decides where a key is
+// mandatory, not which keys count. An unsafe request that carries one is
+// run once whatever its method; without one it passes through, and a safe
+// method passes through even with a key.
+func TestKeyedUnsafeMethodIsProtected(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	for _, method := range []string{"PATCH", "PUT", "DELETE"} {
+		t.Run(method, func(t *testing.T) {
+			before := e.app.runs.Load()
+			first, body := e.call(method, "/v1/payments/pay_1", "acme", pay, "k-"+method)
+			require.Equal(t, http.StatusCreated, first.StatusCode)
+			again, replayed := e.call(method, "/v1/payments/pay_1", "acme", pay, "k-"+method)
+			assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+			assert.Equal(t, body, replayed)
+			assert.Equal(t, before+1, e.app.runs.Load(), "the keyed retry is a replay")
+
+			resp, body := e.call(method, "/v1/payments/pay_1", "acme", `{"amount":1}`, "k-"+method)
+			assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+			assert.Equal(t, contract.CodeKeyReuse, problem(t, resp, body).Code)
+
+			resp, _ = e.call(method, "/v1/payments/pay_1", "acme", pay)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode, "no key, and none required")
+			assert.Equal(t, before+2, e.app.runs.Load())
+		})
+	}
+	t.Run("a malformed key is refused", func(t *testing.T) {
+		resp, body := e.call("PATCH", "/v1/payments/pay_1", "acme", pay, "a b")
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, contract.CodeKeyInvalid, problem(t, resp, body).Code)
+	})
+	t.Run("safe methods pass through", func(t *testing.T) {
+		for _, method := range []string{"GET", "HEAD", "OPTIONS", "TRACE"} {
+			before := e.app.runs.Load()
+			for range 2 {
+				resp, _ := e.call(method, "/v1/payments/pay_1", "acme", "", "safe-"+method)
+				assert.Empty(t, resp.Header.Get("Idempotent-Replayed"), method)
+			}
+			assert.Equal(t, before+2, e.app.runs.Load(), method)
+		}
+	})
+}
+
 func TestTenantsStayApart(t *testing.T) {
 	e := setup(t, idemhttp.Options{})
 	_, a := e.call("POST", "/v1/payments", "tenant-a", pay, "same-key")

@@ -30,7 +30,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ttl := fs.Duration("ttl", 0, "how long a key is remembered, at least ten leases (default 24h)")
 	lease := fs.Duration("lease", 0, "how long a claim may run before it counts as abandoned (default 30s)")
 	upstreamTimeout := fs.Duration("upstream-timeout", 0, "how long the upstream may take to answer in full; past it the outcome is recorded unknown (default 80% of the lease)")
-	require := fs.String("require", "POST", "comma-separated methods that must carry an Idempotency-Key; others pass through unrecorded")
+	require := fs.String("require", "POST", "comma-separated methods that must carry an Idempotency-Key; a request with another unsafe method (PUT, PATCH, DELETE, ...) is protected when it carries one, and safe methods (GET, HEAD, OPTIONS, TRACE) pass through unrecorded")
 	wait := fs.Duration("wait", 0, "how long a duplicate of a request still running waits for it before getting 409 (default 0: at once)")
 	maxBody := fs.Int64("max-body", 1<<20, "largest request body in bytes; larger ones get 413")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
@@ -44,7 +44,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 Puts the idempotency-key contract in front of an HTTP service written in
 any language. A request whose method is in --require must carry an
-Idempotency-Key; the first one is forwarded and its response is recorded
+Idempotency-Key, and one with any other unsafe method that carries a key
+is treated alike; the first one is forwarded and its response is recorded
 before it reaches the client (a response without a length streams, all
 but its end), and every retry gets that response again
 (Idempotent-Replayed: true) without reaching the upstream. The same key

@@ -262,6 +262,16 @@ func TestProxyContract(t *testing.T) {
 		assert.Equal(t, before+2, u.total())
 	})
 
+	t.Run("a keyed PATCH runs once though --require leaves it out", func(t *testing.T) {
+		key := newKey()
+		first := send(t, "PATCH", p.url+"/v1/payments/pay_1", `{"amount": 1}`, keyed(key)...)
+		require.Equal(t, http.StatusCreated, first.status)
+		again := send(t, "PATCH", p.url+"/v1/payments/pay_1", `{"amount": 1}`, keyed(key)...)
+		assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, first.body, again.body)
+		assert.Equal(t, 1, u.count(auth, key))
+	})
+
 	t.Run("oversized body", func(t *testing.T) {
 		before := u.total()
 		r := send(t, "POST", p.url+"/v1/payments", `"`+strings.Repeat("x", 4096)+`"`, keyed(newKey())...)
