@@ -21,6 +21,7 @@ const (
 	CodeKeyMissing       = "idempotency_key_missing" // 400
 	CodeKeyInvalid       = "idempotency_key_invalid" // 400
 	CodeBodyInvalid      = "request_body_invalid"    // 400, with body_error naming the defect
+	CodeRequestTimeout   = "request_timeout"         // 408: the body did not arrive in time; retry with the same key
 	CodeTenantMissing    = "tenant_missing"          // 401
 	CodeInProgress       = "request_in_progress"     // 409, with Retry-After: retry with the same key
 	CodeKeyReuse         = "idempotency_key_reuse"   // 422: the key belongs to another request

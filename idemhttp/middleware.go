@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -335,7 +336,15 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 			return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
 				Detail: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit)}, 0)
 		}
-		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid, Detail: "reading the request body: " + err.Error()}, 0)
+		// The cause goes to the log only: a connection's error names both
+		// ends of the socket, which the client has no use for.
+		m.opts.Logger.Debug("idemhttp: reading the request body failed", "err", err)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return writeProblem(w, Problem{Status: http.StatusRequestTimeout, Code: contract.CodeRequestTimeout,
+				Detail: "the request body did not arrive in time; nothing was recorded, retry with the same key"}, 0)
+		}
+		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid,
+			Detail: "the request body could not be read to its end"}, 0)
 	}
 	if int64(len(body)) > m.opts.MaxRequestBytes {
 		return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
