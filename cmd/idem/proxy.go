@@ -65,6 +65,10 @@ upstream cannot be reached at all the key is freed and the proxy answers
 recorded unknown (retries get 409 outcome_pending until it is resolved)
 and the proxy answers 502 or 504.
 
+The listener speaks HTTP/1.1: a client that opens with HTTP/2 without
+TLS (prior knowledge) gets 505 and a closed connection, and nothing
+reaches the upstream.
+
 Every path on --listen belongs to the upstream, so operators get a
 listener of their own, --admin, with GET /metrics (Prometheus metrics of
 the store and of the proxy's answers, idem_*) and GET /healthz (200 ok
@@ -154,7 +158,7 @@ key itself.
 		db.Close()
 		return usageErr("%v", err)
 	}
-	h := mw(newProxyHandler(target, timeout, log))
+	h := http1Only(mw(newProxyHandler(target, timeout, log)))
 	var adminH http.Handler
 	if *adminAddr != "" {
 		mux := http.NewServeMux()
@@ -228,6 +232,22 @@ func oneHeader(r *http.Request, name string) (string, error) {
 		return "", fmt.Errorf("the %s header is sent more than once", name)
 	}
 	return vs[0], nil
+}
+
+// http1Only refuses a request that is not HTTP/1.x. The listener speaks
+// HTTP/1 alone, and net/http hands the HTTP/2 connection preface to the
+// handler as a request "PRI *", so that a handler may take the connection
+// over; forwarded, it would reach the upstream as a request for "/*".
+func http1Only(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 1 {
+			w.Header().Set("Connection", "close")
+			writeProblem(w, idemhttp.Problem{Status: http.StatusHTTPVersionNotSupported, Code: "http_version_not_supported",
+				Detail: "the proxy speaks HTTP/1.1; HTTP/2 without TLS (prior knowledge) is not served"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // dialError marks a failure to connect to the upstream: the request was

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -345,6 +346,31 @@ func TestProxyContract(t *testing.T) {
 		assert.Equal(t, "first part\nsecond part\n", string(again.body))
 		assert.Equal(t, 1, u.count(auth, key))
 	})
+}
+
+// TestProxyRefusesHTTP2PriorKnowledge: a client that opens with the HTTP/2
+// preface reaches net/http as a request "PRI *", which must not be
+// forwarded as an HTTP/1.1 request for "/*". The proxy answers 505 and
+// closes the connection; the upstream sees nothing.
+func TestProxyRefusesHTTP2PriorKnowledge(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusHTTPVersionNotSupported, resp.StatusCode)
+	assert.Equal(t, "http_version_not_supported", reply{resp.StatusCode, resp.Header, body}.code(t))
+	assert.True(t, resp.Close, "the connection is not reused")
+	assert.Zero(t, u.total(), "the upstream is not touched")
+	// The proxy still serves HTTP/1.1.
+	assert.Equal(t, http.StatusCreated, send(t, "POST", p.url+"/v1/payments", `{}`, keyed(newKey())...).status)
 }
 
 // TestProxyConcurrent sends 50 identical requests at once: the upstream
