@@ -6,7 +6,8 @@
 // runs get 409 request_in_progress with Retry-After; the same key with a
 // different request gets 422 idempotency_key_reuse; a missing or malformed
 // key gets 400. Every refusal is an RFC 9457 problem document with a
-// stable code.
+// stable code and a type of its own, Options.ProblemBase followed by the
+// code, which the answer links to as its documentation.
 package idemhttp
 
 import (
@@ -18,6 +19,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -90,6 +92,13 @@ type Options struct {
 	// MismatchStatus is the status for a key reused with another request.
 	// Default: 422.
 	MismatchStatus int
+
+	// ProblemBase begins the type URI of every problem the middleware
+	// answers: the type is ProblemBase followed by the problem's code, and
+	// each answer links to it (Link rel="describedby"). It must be an
+	// absolute URI; point it at your own documentation with a page or an
+	// anchor per code. Default: DefaultProblemBase, idem's README.
+	ProblemBase string
 
 	// Logger receives failures to store outcomes. Default: slog.Default().
 	Logger *slog.Logger
@@ -179,6 +188,9 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.ProblemBase == "" {
+		o.ProblemBase = DefaultProblemBase
+	}
 	names := append([]string{o.Header}, o.Aliases...)
 	m := &middleware{opts: o, headers: canonicalNames(names), methods: map[string]bool{}}
 	// Two spellings of one header would make every key arrive twice, and
@@ -224,6 +236,9 @@ func newMiddleware(o Options) (*middleware, error) {
 	}
 	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
 		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
+	}
+	if u, err := url.Parse(o.ProblemBase); err != nil || !u.IsAbs() || strings.ContainsAny(o.ProblemBase, " <>\"") {
+		bad("Options.ProblemBase %q must be an absolute URI", o.ProblemBase)
 	}
 	if _, err := contract.Canonicalize([]byte("{}"), m.canonical); err != nil {
 		errs = append(errs, fmt.Errorf("idemhttp: Options.Canonical: %w", err))
@@ -310,7 +325,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		if errors.Is(err, errKeyMissing) {
 			code = contract.CodeKeyMissing
 		}
-		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: code, Detail: err.Error()}, 0)
+		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: code, Detail: err.Error()}, 0)
 	}
 	w.Header().Set(contract.HeaderKey, key)
 	tenant, err := m.opts.Tenant(r)
@@ -320,34 +335,34 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), contract.MaxTenantBytes)
 	}
 	if err != nil {
-		return writeProblem(w, Problem{Status: http.StatusUnauthorized, Code: contract.CodeTenantMissing, Detail: err.Error()}, 0)
+		return m.problem(w, Problem{Status: http.StatusUnauthorized, Code: contract.CodeTenantMissing, Detail: err.Error()}, 0)
 	}
 	if len(endpoint) > contract.MaxEndpointBytes {
 		// By default the endpoint is the method and the path, so this is
 		// the path's fault, not the key's, which is what the store's
 		// ErrInvalidScope would otherwise be reported as.
-		return writeProblem(w, Problem{Status: http.StatusRequestURITooLong, Code: contract.CodeURITooLong,
+		return m.problem(w, Problem{Status: http.StatusRequestURITooLong, Code: contract.CodeURITooLong,
 			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), contract.MaxEndpointBytes)}, 0)
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
 	if err != nil {
 		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
 			// An outer http.MaxBytesReader has a lower cap than ours.
-			return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
+			return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
 				Detail: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit)}, 0)
 		}
 		// The cause goes to the log only: a connection's error names both
 		// ends of the socket, which the client has no use for.
 		m.opts.Logger.Debug("idemhttp: reading the request body failed", "err", err)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return writeProblem(w, Problem{Status: http.StatusRequestTimeout, Code: contract.CodeRequestTimeout,
+			return m.problem(w, Problem{Status: http.StatusRequestTimeout, Code: contract.CodeRequestTimeout,
 				Detail: "the request body did not arrive in time; nothing was recorded, retry with the same key"}, 0)
 		}
-		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid,
+		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid,
 			Detail: "the request body could not be read to its end"}, 0)
 	}
 	if int64(len(body)) > m.opts.MaxRequestBytes {
-		return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
+		return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
 			Detail: fmt.Sprintf("the request body is larger than %d bytes", m.opts.MaxRequestBytes)}, 0)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -363,7 +378,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		if errors.As(err, &be) {
 			p.BodyError, p.BodyOffset = be.Code, &be.Offset
 		}
-		return writeProblem(w, p, 0)
+		return m.problem(w, p, 0)
 	}
 	scope := contract.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
 
@@ -391,19 +406,19 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 	var ke *contract.KeyError
 	switch {
 	case errors.Is(err, contract.ErrFingerprintMismatch):
-		return writeProblem(w, Problem{Status: m.opts.MismatchStatus, Code: contract.CodeKeyReuse,
+		return m.problem(w, Problem{Status: m.opts.MismatchStatus, Code: contract.CodeKeyReuse,
 			Detail: "this idempotency key was used for a different request; use a new key for a new operation"}, 0)
 	case errors.Is(err, contract.ErrInProgress) && errors.As(err, &ke):
-		return writeProblem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
+		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
 			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
 	case errors.Is(err, contract.ErrOutcomePending):
-		return writeProblem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
+		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
 			Detail: "an earlier attempt with this idempotency key has an outcome that is not known yet; it is being reconciled"}, 0)
 	case errors.Is(err, contract.ErrInvalidScope):
-		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeKeyInvalid, Detail: err.Error()}, 0)
+		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeKeyInvalid, Detail: err.Error()}, 0)
 	default:
 		m.opts.Logger.Error("idemhttp: claim failed", "err", err)
-		return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
+		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
 			Detail: "the idempotency store is unavailable; retry with the same key"}, time.Second)
 	}
 }
@@ -481,7 +496,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			key := w.Header().Get(contract.HeaderKey)
 			clear(w.Header())
 			w.Header().Set(contract.HeaderKey, key)
-			return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
+			return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
 				Detail: "the request ran but its outcome could not be stored; retry with the same key, it will not run twice"}, time.Second)
 		}
 	}

@@ -411,12 +411,21 @@ func TestProxyUpstreamDown(t *testing.T) {
 	require.NoError(t, ln.Close()) // connections to addr are now refused
 
 	u := newUpstream(t)
-	p := startDaemon(t, "proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", "http://"+addr)
+	base := "https://docs.example.com/idem/"
+	p := startDaemon(t, "proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", "http://"+addr,
+		"--problem-base", base)
 	key := newKey()
 	down := send(t, "POST", p.url+"/v1/payments", `{"amount": 4200}`, keyed(key)...)
 	assert.Equal(t, http.StatusBadGateway, down.status)
 	assert.Equal(t, "upstream_unavailable", down.code(t))
 	assert.Empty(t, down.header.Get("Idempotent-Replayed"))
+	// The proxy's own problems and the middleware's are typed under one
+	// base, and link to their documentation.
+	assert.Equal(t, base+"upstream_unavailable", decode(t, down.body)["type"])
+	assert.Equal(t, "<"+base+`upstream_unavailable>; rel="describedby"`, down.header.Get("Link"))
+	missing := send(t, "POST", p.url+"/v1/payments", `{}`, "Authorization", auth)
+	assert.Equal(t, base+"idempotency_key_missing", decode(t, missing.body)["type"])
+	assert.Equal(t, "<"+base+`idempotency_key_missing>; rel="describedby"`, missing.header.Get("Link"))
 
 	ln, err = net.Listen("tcp", addr)
 	require.NoError(t, err, "the port was taken in between; rerun")
@@ -556,6 +565,7 @@ func TestProxyUsage(t *testing.T) {
 		{"no drain", []string{"--upstream", "http://x", "--drain", "0s"}, "--drain 0s must be positive"},
 		{"no methods", []string{"--upstream", "http://x", "--require", ","}, "names no method"},
 		{"negative wait", []string{"--upstream", "http://x", "--wait", "-1s"}, "Options.Wait"},
+		{"relative problem base", []string{"--upstream", "http://x", "--problem-base", "errors/"}, "Options.ProblemBase"},
 		{"unknown flag", []string{"--upstream", "http://x", "--port", "1"}, "flag provided but not defined"},
 		{"argument", []string{"--upstream", "http://x", "extra"}, `unexpected argument "extra"`},
 	}

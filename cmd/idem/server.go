@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -164,14 +162,5 @@ func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Ha
 // writeProblem answers with an RFC 9457 problem document shaped like the
 // middleware's own, so clients parse one kind of error.
 func writeProblem(w http.ResponseWriter, p idemhttp.Problem) {
-	p.Type = "about:blank"
-	p.Title = http.StatusText(p.Status)
-	var body bytes.Buffer
-	enc := json.NewEncoder(&body)
-	enc.SetEscapeHTML(false) // details quote headers like "Bearer <token>"
-	enc.Encode(p)
-	w.Header().Set("Content-Type", idemhttp.ProblemType)
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(p.Status)
-	w.Write(body.Bytes())
+	idemhttp.WriteProblem(w, p, 0)
 }
