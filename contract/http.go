@@ -9,8 +9,8 @@ const (
 	// HeaderReplayed is "true" on a response the server answered from its
 	// store instead of running the operation again.
 	HeaderReplayed = "Idempotent-Replayed"
-	// HeaderBodyOmitted is "true" on a replay whose body was too large to
-	// store.
+	// HeaderBodyOmitted is "true" on the answer to a retry whose original
+	// body was too large to store: a 410 response_body_omitted problem.
 	HeaderBodyOmitted = "Idempotent-Body-Omitted"
 )
 
@@ -29,4 +29,10 @@ const (
 	CodePayloadTooLarge  = "payload_too_large"       // 413
 	CodeURITooLong       = "uri_too_long"            // 414, the endpoint is too long to store
 	CodeStoreUnavailable = "store_unavailable"       // 503
+
+	// CodeResponseBodyOmitted answers a replay whose stored body was too
+	// large to keep: 410, with the original status as original_status. The
+	// operation ran; a retry gets the same answer and a new key runs it
+	// again.
+	CodeResponseBodyOmitted = "response_body_omitted"
 )

@@ -423,9 +423,21 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 	}
 }
 
-// replay answers with the stored response, verbatim.
+// replay answers with the stored response, verbatim. A response whose
+// body was not kept cannot be: sent with its status and no body, it would
+// read as a successful empty answer to a client that does not know idem's
+// headers. It gets 410 instead, a status no common retrying client
+// repeats, since a retry would get the same answer, and whose detail says
+// that the operation ran.
 func (m *middleware) replay(w http.ResponseWriter, rec *contract.Record) (result string, status int) {
 	h := w.Header()
+	if rec.BodyOmitted {
+		h.Set(contract.HeaderReplayed, "true")
+		h.Set(contract.HeaderBodyOmitted, "true")
+		return m.problem(w, Problem{Status: http.StatusGone, Code: contract.CodeResponseBodyOmitted, OriginalStatus: rec.Response.Status,
+			Detail: fmt.Sprintf("the request ran and answered %d, but its body (%d bytes) was too large to keep, so it cannot be sent again; "+
+				"do not repeat the operation under a new key: it would run again", rec.Response.Status, rec.BodyLen)}, 0)
+	}
 	for k, vs := range rec.Response.Header {
 		if name, added := strings.CutPrefix(k, appendPrefix); added {
 			h[name] = append(slices.Clip(h[name]), vs...)
@@ -434,11 +446,6 @@ func (m *middleware) replay(w http.ResponseWriter, rec *contract.Record) (result
 		}
 	}
 	h.Set(contract.HeaderReplayed, "true")
-	if rec.BodyOmitted {
-		h.Set(contract.HeaderBodyOmitted, "true")
-		// The length declared was the body's, which is not sent.
-		h.Del("Content-Length")
-	}
 	w.WriteHeader(rec.Response.Status)
 	w.Write(rec.Response.Body)
 	return OutcomeReplayed, rec.Response.Status

@@ -200,8 +200,7 @@ func TestWritesPastTheDeclaredLengthAreRefused(t *testing.T) {
 
 // TestReplayKeepsADeclaredLength: a length the handler declared frames
 // the replay as it framed the first answer, also past net/http's buffer,
-// where an undeclared one would be chunked. A body too large to store is
-// replayed without it, since the body is not sent.
+// where an undeclared one would be chunked.
 func TestReplayKeepsADeclaredLength(t *testing.T) {
 	db, _ := idemtest.Open(t, &idem.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
 	e := setup(t, idemhttp.Options{Store: db})
@@ -219,14 +218,38 @@ func TestReplayKeepsADeclaredLength(t *testing.T) {
 	assert.Len(t, body, size)
 	assert.Equal(t, int64(size), first.ContentLength)
 	assert.Equal(t, first.ContentLength, again.ContentLength)
+}
 
-	size++ // over MaxBodyBytes: stored without its body
-	first, _ = e.call("POST", "/v1/payments", "acme", pay, "omitted")
+// TestOmittedBodyIsNotReplayedAsSuccess: a response whose body was too
+// large to keep cannot be replayed, and a client that does not know idem's
+// headers must not take the replay for a successful empty answer. It gets
+// 410 response_body_omitted with the original status, which no common
+// retrying client retries: a retry would get the same, and a new key
+// would run the operation again.
+func TestOmittedBodyIsNotReplayedAsSuccess(t *testing.T) {
+	db, _ := idemtest.Open(t, &idem.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
+	e := setup(t, idemhttp.Options{Store: db})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(4<<10+1))
+		w.Header().Set("Location", "/v1/payments/pay_big")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `"`+strings.Repeat("x", 4<<10-1)+`"`)
+	}
+	first, body := e.call("POST", "/v1/payments", "acme", pay, "omitted")
 	require.Equal(t, http.StatusCreated, first.StatusCode)
-	again, body = e.call("POST", "/v1/payments", "acme", pay, "omitted")
-	require.Equal(t, "true", again.Header.Get("Idempotent-Body-Omitted"))
-	assert.Empty(t, body)
-	assert.Zero(t, again.ContentLength)
+	require.Len(t, body, 4<<10+1, "the first answer is whole")
+
+	again, body := e.call("POST", "/v1/payments", "acme", pay, "omitted")
+	assert.Equal(t, http.StatusGone, again.StatusCode)
+	p := problem(t, again, body)
+	assert.Equal(t, contract.CodeResponseBodyOmitted, p.Code)
+	assert.Equal(t, http.StatusCreated, p.OriginalStatus)
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Body-Omitted"))
+	assert.Empty(t, again.Header.Get("Location"), "the stored headers describe a body that is not sent")
+	assert.Empty(t, again.Header.Get("Retry-After"))
+	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
 // TestHijackedAnswerIsNotReplayed: a handler that takes the connection

@@ -32,7 +32,10 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	upstreamTimeout := fs.Duration("upstream-timeout", 0, "how long the upstream may take to answer in full; past it the outcome is recorded unknown (default 80% of the lease)")
 	require := fs.String("require", "POST", "comma-separated methods that must carry an Idempotency-Key; a request with another unsafe method (PUT, PATCH, DELETE, ...) is protected when it carries one, and safe methods (GET, HEAD, OPTIONS, TRACE) pass through unrecorded")
 	wait := fs.Duration("wait", 0, "how long a duplicate of a request still running waits for it before getting 409 (default 0: at once)")
-	maxBody := fs.Int64("max-body", 1<<20, "largest request body in bytes; larger ones get 413")
+	maxBody := byteSize(1 << 20)
+	fs.Var(&maxBody, "max-body", "largest request body, a `SIZE` in bytes or with a unit (512KiB, 1MiB); larger ones get 413")
+	maxStored := byteSize(4 << 20)
+	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz; port 0 picks a free one, empty turns it off")
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute URI that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
@@ -41,7 +44,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR | --store DSN] [--listen ADDR]
                   [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
-                  [--max-body N] [--drain D] [--admin ADDR]
+                  [--max-body SIZE] [--max-stored-body SIZE] [--drain D] [--admin ADDR]
                   [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
@@ -50,10 +53,11 @@ Idempotency-Key, and one with any other unsafe method that carries a key
 is treated alike; the first one is forwarded and its response is recorded
 before it reaches the client (a response without a length streams, all
 but its end), and every retry gets that response again
-(Idempotent-Replayed: true) without reaching the upstream. The same key
-with a different request gets 422; a duplicate of a request still running
-gets 409 with Retry-After. The key is forwarded, so the upstream can pass
-it on to its own providers.
+(Idempotent-Replayed: true) without reaching the upstream; a response
+whose body is over --max-stored-body is not kept, and its retries get 410
+response_body_omitted instead. The same key with a different request gets
+422; a duplicate of a request still running gets 409 with Retry-After.
+The key is forwarded, so the upstream can pass it on to its own providers.
 
 The records are kept in the directory --data names, which one process
 holds at a time, or with --store DSN in PostgreSQL: then any number of
@@ -116,8 +120,11 @@ key itself.
 	if *drain <= 0 {
 		return usageErr("--drain %s must be positive", *drain)
 	}
-	if *maxBody <= 0 {
-		return usageErr("--max-body %d must be positive", *maxBody)
+	if maxBody <= 0 {
+		return usageErr("--max-body %d must be positive", maxBody)
+	}
+	if maxStored <= 0 {
+		return usageErr("--max-stored-body %d must be positive", maxStored)
 	}
 	log := newLogger(stderr)
 	effectiveLease := *lease
@@ -134,7 +141,7 @@ key itself.
 		return usageErr("--upstream-timeout %s must be positive and shorter than the lease (%s)", timeout, effectiveLease)
 	}
 
-	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, lease: *lease, logger: log, events: *events}, stderr)
+	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
 	if db == nil {
 		if code == 2 {
 			fs.Usage()
@@ -151,7 +158,7 @@ key itself.
 		Store:           db,
 		Tenant:          tenant,
 		Methods:         methods,
-		MaxRequestBytes: *maxBody,
+		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,
 		ProblemBase:     *problemBase,
 		Logger:          log,

@@ -373,6 +373,32 @@ func TestProxyRefusesHTTP2PriorKnowledge(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, send(t, "POST", p.url+"/v1/payments", `{}`, keyed(newKey())...).status)
 }
 
+// TestProxyStoredBodyCap: --max-stored-body bounds what is kept for a
+// replay. An answer over it reaches the first client whole; a retry is
+// told, with a 410 that keeps the original status, that the operation ran
+// and its answer cannot be sent again, never handed an empty success.
+func TestProxyStoredBodyCap(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u, "--max-stored-body", "1KiB")
+	small, big := newKey(), newKey()
+	for range 2 {
+		send(t, "POST", p.url+"/v1/payments", `{}`, keyed(small)...)
+	}
+	assert.Equal(t, 1, u.count(auth, small))
+
+	body := `"` + strings.Repeat("x", 1024) + `"`
+	first := send(t, "POST", p.url+"/v1/payments", body, keyed(big)...)
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Greater(t, len(first.body), 1024)
+	again := send(t, "POST", p.url+"/v1/payments", body, keyed(big)...)
+	assert.Equal(t, http.StatusGone, again.status)
+	assert.Equal(t, "response_body_omitted", again.code(t))
+	assert.Equal(t, 201.0, decode(t, again.body)["original_status"])
+	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, 1, u.count(auth, big))
+}
+
 // TestProxyConcurrent sends 50 identical requests at once: the upstream
 // runs one, and the rest are told it is in progress.
 func TestProxyConcurrent(t *testing.T) {
@@ -565,6 +591,8 @@ func TestProxyUsage(t *testing.T) {
 		{"no drain", []string{"--upstream", "http://x", "--drain", "0s"}, "--drain 0s must be positive"},
 		{"no methods", []string{"--upstream", "http://x", "--require", ","}, "names no method"},
 		{"negative wait", []string{"--upstream", "http://x", "--wait", "-1s"}, "Options.Wait"},
+		{"no stored body", []string{"--upstream", "http://x", "--max-stored-body", "0"}, "--max-stored-body 0 must be positive"},
+		{"stored body unit", []string{"--upstream", "http://x", "--max-stored-body", "4XB"}, "want a number of bytes"},
 		{"relative problem base", []string{"--upstream", "http://x", "--problem-base", "errors/"}, "Options.ProblemBase"},
 		{"unknown flag", []string{"--upstream", "http://x", "--port", "1"}, "flag provided but not defined"},
 		{"argument", []string{"--upstream", "http://x", "extra"}, `unexpected argument "extra"`},

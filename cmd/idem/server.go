@@ -28,6 +28,9 @@ const (
 	idleTimeout       = 2 * time.Minute
 )
 
+// maxStoredHelp is --max-stored-body's help, the same for serve and proxy.
+const maxStoredHelp = "largest response body kept for replays, a `SIZE` in bytes or with a unit (512KiB, 4MiB); a retry of a request whose answer was larger gets 410 response_body_omitted, with the original status, instead of that answer. At most 1GiB with --data, 256MiB with --store"
+
 // defaultDrain is how long a stopping server waits for requests in flight.
 const defaultDrain = 30 * time.Second
 
