@@ -35,4 +35,9 @@ const (
 	// operation ran; a retry gets the same answer and a new key runs it
 	// again.
 	CodeResponseBodyOmitted = "response_body_omitted"
+	// CodeEncodingNotAcceptable answers a replay whose stored body has a
+	// content coding that the retry's Accept-Encoding refuses and that
+	// idem cannot decode (only gzip is decoded): 406, with
+	// original_status. Retry with the same key, accepting that coding.
+	CodeEncodingNotAcceptable = "encoding_not_acceptable"
 )

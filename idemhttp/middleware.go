@@ -12,6 +12,7 @@ package idemhttp
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -395,7 +397,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	case err != nil:
 		return m.refuse(w, err)
 	case replay != nil:
-		return m.replay(w, replay)
+		return m.replay(w, r, replay)
 	default:
 		return m.execute(w, r, next, lease)
 	}
@@ -428,8 +430,10 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 // read as a successful empty answer to a client that does not know idem's
 // headers. It gets 410 instead, a status no common retrying client
 // repeats, since a retry would get the same answer, and whose detail says
-// that the operation ran.
-func (m *middleware) replay(w http.ResponseWriter, rec *contract.Record) (result string, status int) {
+// that the operation ran. A body in a content coding that the retry does
+// not accept is decoded when it is gzip, and answered with 406 otherwise,
+// rather than sent as bytes the client cannot read.
+func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *contract.Record) (result string, status int) {
 	h := w.Header()
 	if rec.BodyOmitted {
 		h.Set(contract.HeaderReplayed, "true")
@@ -438,6 +442,17 @@ func (m *middleware) replay(w http.ResponseWriter, rec *contract.Record) (result
 			Detail: fmt.Sprintf("the request ran and answered %d, but its body (%d bytes) was too large to keep, so it cannot be sent again; "+
 				"do not repeat the operation under a new key: it would run again", rec.Response.Status, rec.BodyLen)}, 0)
 	}
+	body, decoded := rec.Response.Body, false
+	if c := contentCoding(rec.Response.Header); c != "" && !acceptsCoding(r.Header, c) {
+		var err error
+		if body, err = decode(c, body); err != nil {
+			h.Set(contract.HeaderReplayed, "true")
+			return m.problem(w, Problem{Status: http.StatusNotAcceptable, Code: contract.CodeEncodingNotAcceptable, OriginalStatus: rec.Response.Status,
+				Detail: fmt.Sprintf("the request ran and answered %d with a body coded %s, which this request's Accept-Encoding refuses; "+
+					"retry with the same key and accept %s", rec.Response.Status, c, c)}, 0)
+		}
+		decoded = true
+	}
 	for k, vs := range rec.Response.Header {
 		if name, added := strings.CutPrefix(k, appendPrefix); added {
 			h[name] = append(slices.Clip(h[name]), vs...)
@@ -445,10 +460,81 @@ func (m *middleware) replay(w http.ResponseWriter, rec *contract.Record) (result
 			h[k] = slices.Clone(vs)
 		}
 	}
+	if decoded {
+		// These describe the coded bytes, not the ones sent.
+		h.Del("Content-Encoding")
+		h.Del("Content-Length")
+		h.Del("ETag")
+	}
 	h.Set(contract.HeaderReplayed, "true")
 	w.WriteHeader(rec.Response.Status)
-	w.Write(rec.Response.Body)
+	w.Write(body)
 	return OutcomeReplayed, rec.Response.Status
+}
+
+// contentCoding returns the codings of a stored response, lower-cased and
+// comma-separated, without identity: "" for a body sent as it is.
+func contentCoding(h http.Header) string {
+	var out []string
+	for _, v := range h.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+				out = append(out, c)
+			}
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// acceptsCoding reports whether a request with header h accepts a body
+// in content coding c, as RFC 9110 (12.5.3) reads Accept-Encoding: no
+// field accepts every coding, a coding listed with weight 0 is refused,
+// and "*" stands for every coding the field does not list.
+func acceptsCoding(h http.Header, c string) bool {
+	vs, ok := h["Accept-Encoding"]
+	if !ok {
+		return true
+	}
+	c = strings.TrimPrefix(c, "x-")
+	star := false
+	for v := range strings.SplitSeq(strings.Join(vs, ","), ",") {
+		name, params, _ := strings.Cut(v, ";")
+		name = strings.TrimPrefix(strings.ToLower(strings.TrimSpace(name)), "x-")
+		switch name {
+		case c:
+			return weight(params) > 0
+		case "*":
+			star = weight(params) > 0
+		}
+	}
+	return star
+}
+
+// weight returns the q parameter among an Accept-Encoding member's
+// parameters, 1 when it has none or an unreadable one.
+func weight(params string) float64 {
+	for p := range strings.SplitSeq(params, ";") {
+		name, v, _ := strings.Cut(strings.TrimSpace(p), "=")
+		if strings.EqualFold(strings.TrimSpace(name), "q") {
+			if q, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				return q
+			}
+		}
+	}
+	return 1
+}
+
+// decode undoes content coding c, which must be gzip alone: the coding
+// that servers use most and the only one the standard library reads.
+func decode(c string, body []byte) ([]byte, error) {
+	if c != "gzip" && c != "x-gzip" {
+		return nil, fmt.Errorf("idemhttp: cannot decode %s", c)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(zr)
 }
 
 // execute runs the handler under the lease, stores its outcome, and only
