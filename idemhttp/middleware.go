@@ -1,8 +1,7 @@
 // Package idemhttp puts idem's idempotency contract in front of any
-// net/http handler: a POST (or any unsafe request) with an
-// Idempotency-Key runs once, its response
-// is stored durably, and every retry gets that response again, marked
-// Idempotent-Replayed: true. Retries that arrive while the first request
+// net/http handler: a POST (or any unsafe request) with an Idempotency-Key
+// runs once, its response is stored durably, and every retry gets that
+// response again, marked Idempotent-Replayed: true. Retries that arrive while the first request
 // runs get 409 request_in_progress with Retry-After; the same key with a
 // different request gets 422 idempotency_key_reuse; a missing or malformed
 // key gets 400. Every refusal is an RFC 9457 problem document with a
