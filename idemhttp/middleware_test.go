@@ -231,7 +231,7 @@ func TestKeyedUnsafeMethodIsProtected(t *testing.T) {
 func TestSlowBodyIs408(t *testing.T) {
 	e := setup(t, idemhttp.Options{})
 	srv := httptest.NewUnstartedServer(e.srv.Config.Handler)
-	srv.Config.ReadTimeout = 100 * time.Millisecond
+	srv.Config.ReadTimeout = 500 * time.Millisecond // ample for the header, which is sent at once
 	srv.Start()
 	t.Cleanup(srv.Close)
 
