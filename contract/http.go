@@ -9,8 +9,8 @@ const (
 	// HeaderReplayed is "true" on a response the server answered from its
 	// store instead of running the operation again.
 	HeaderReplayed = "Idempotent-Replayed"
-	// HeaderBodyOmitted is "true" on a replay whose body was too large to
-	// store.
+	// HeaderBodyOmitted is "true" on the answer to a retry whose original
+	// body was too large to store: a 410 response_body_omitted problem.
 	HeaderBodyOmitted = "Idempotent-Body-Omitted"
 )
 
@@ -21,6 +21,7 @@ const (
 	CodeKeyMissing       = "idempotency_key_missing" // 400
 	CodeKeyInvalid       = "idempotency_key_invalid" // 400
 	CodeBodyInvalid      = "request_body_invalid"    // 400, with body_error naming the defect
+	CodeRequestTimeout   = "request_timeout"         // 408: the body did not arrive in time; retry with the same key
 	CodeTenantMissing    = "tenant_missing"          // 401
 	CodeInProgress       = "request_in_progress"     // 409, with Retry-After: retry with the same key
 	CodeKeyReuse         = "idempotency_key_reuse"   // 422: the key belongs to another request
@@ -28,4 +29,15 @@ const (
 	CodePayloadTooLarge  = "payload_too_large"       // 413
 	CodeURITooLong       = "uri_too_long"            // 414, the endpoint is too long to store
 	CodeStoreUnavailable = "store_unavailable"       // 503
+
+	// CodeResponseBodyOmitted answers a replay whose stored body was too
+	// large to keep: 410, with the original status as original_status. The
+	// operation ran; a retry gets the same answer and a new key runs it
+	// again.
+	CodeResponseBodyOmitted = "response_body_omitted"
+	// CodeEncodingNotAcceptable answers a replay whose stored body has a
+	// content coding that the retry's Accept-Encoding refuses and that
+	// idem cannot decode (only gzip is decoded): 406, with
+	// original_status. Retry with the same key, accepting that coding.
+	CodeEncodingNotAcceptable = "encoding_not_acceptable"
 )

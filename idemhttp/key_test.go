@@ -68,3 +68,34 @@ func TestAliasHeader(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }
+
+// TestKeyWithParameters: the key is an RFC 8941 Item, so an sf-string may
+// carry parameters; the key is the string, whatever they say. Parameters
+// that break the grammar make the whole field malformed.
+func TestKeyWithParameters(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	good := []string{
+		`"k";v=1`, `"k";a;b=?0`, `"k"; a=?1`, `"k";a=-12;b=3.25;c=-0.5`,
+		`"k";a="x \" y"`, `"k";a=tok/en:1*`, `"k";a=*t`, `"k";a=:aGk=:`, `"k";*a_b-c.d*9=1`,
+		`"k";a=1;a=2`, `"k";v=1  `,
+	}
+	first, _ := e.call("POST", "/v1/payments", "acme", pay, "k")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	for _, v := range good {
+		resp, body := e.call("POST", "/v1/payments", "acme", pay, v)
+		assert.Equal(t, http.StatusCreated, resp.StatusCode, "%s: %s", v, body)
+		assert.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"), "%s names the key k", v)
+	}
+	bad := []string{
+		`"k";`, `"k";;a`, `"k" ;a`, `"k";A=1`, `"k";1a`, `"k";_a`, `"k";a=`, `"k";a==1`,
+		`"k";a=?2`, `"k";a=?`, `"k";a=1234567890123456`, `"k";a=1.2345`, `"k";a=1234567890123.1`,
+		`"k";a=1.`, `"k";a=-`, `"k";a="x`, `"k";a=:a-b:`, `"k";a=:aGk=`, `"k";a=@1`, `"k";a=%"x"`,
+		`"k";a=1 b`, `"k"x`, `"k";a=1,`, "\"k\";\ta", `"k";a=b c`, `"k";a=tok"en`,
+	}
+	for _, v := range bad {
+		resp, body := e.call("POST", "/v1/payments", "acme", pay, v)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, v)
+		assert.Equal(t, contract.CodeKeyInvalid, problem(t, resp, body).Code, v)
+	}
+	assert.Equal(t, int64(1), e.app.runs.Load())
+}

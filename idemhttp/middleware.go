@@ -1,15 +1,17 @@
 // Package idemhttp puts idem's idempotency contract in front of any
-// net/http handler: a POST with an Idempotency-Key runs once, its response
-// is stored durably, and every retry gets that response again, marked
-// Idempotent-Replayed: true. Retries that arrive while the first request
+// net/http handler: a POST (or any unsafe request) with an Idempotency-Key
+// runs once, its response is stored durably, and every retry gets that
+// response again, marked Idempotent-Replayed: true. Retries that arrive while the first request
 // runs get 409 request_in_progress with Retry-After; the same key with a
 // different request gets 422 idempotency_key_reuse; a missing or malformed
 // key gets 400. Every refusal is an RFC 9457 problem document with a
-// stable code.
+// stable code and a type of its own, Options.ProblemBase followed by the
+// code, which the answer links to as its documentation.
 package idemhttp
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -17,7 +19,10 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,8 +53,11 @@ type Options struct {
 	// none, else the method and the URL path.
 	Endpoint func(*http.Request) string
 
-	// Methods are the request methods that must carry a key. Requests with
-	// other methods pass straight through. Default: POST.
+	// Methods are the request methods that must carry a key. A request
+	// with another unsafe method (anything but GET, HEAD, OPTIONS and
+	// TRACE) is protected too when it carries a key, and passes straight
+	// through when it does not; safe methods always pass through unless
+	// listed here. Default: POST.
 	Methods []string
 
 	// Header is the field that carries the key. Default: Idempotency-Key.
@@ -85,6 +93,13 @@ type Options struct {
 	// MismatchStatus is the status for a key reused with another request.
 	// Default: 422.
 	MismatchStatus int
+
+	// ProblemBase begins the type URI of every problem the middleware
+	// answers: the type is ProblemBase followed by the problem's code, and
+	// each answer links to it (Link rel="describedby"). It must be an
+	// absolute URI; point it at your own documentation with a page or an
+	// anchor per code. Default: DefaultProblemBase, idem's README.
+	ProblemBase string
 
 	// Logger receives failures to store outcomes. Default: slog.Default().
 	Logger *slog.Logger
@@ -174,6 +189,9 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.ProblemBase == "" {
+		o.ProblemBase = DefaultProblemBase
+	}
 	names := append([]string{o.Header}, o.Aliases...)
 	m := &middleware{opts: o, headers: canonicalNames(names), methods: map[string]bool{}}
 	// Two spellings of one header would make every key arrive twice, and
@@ -219,6 +237,9 @@ func newMiddleware(o Options) (*middleware, error) {
 	}
 	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
 		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
+	}
+	if u, err := url.Parse(o.ProblemBase); err != nil || !u.IsAbs() || strings.ContainsAny(o.ProblemBase, " <>\"") {
+		bad("Options.ProblemBase %q must be an absolute URI", o.ProblemBase)
 	}
 	if _, err := contract.Canonicalize([]byte("{}"), m.canonical); err != nil {
 		errs = append(errs, fmt.Errorf("idemhttp: Options.Canonical: %w", err))
@@ -268,7 +289,7 @@ func MarkUnknown(r *http.Request) {
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if !m.methods[r.Method] {
+	if !m.methods[r.Method] && (safeMethod(r.Method) || !m.hasKey(r)) {
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -286,6 +307,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	result, status = m.handle(w, r, next, endpoint)
 }
 
+// safeMethod reports whether RFC 9110 defines method as safe: such a
+// request changes nothing, so a key on it has nothing to protect.
+func safeMethod(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
 // handle answers a request that needs a key and returns its result, as
 // Observation names it, and the status the client got.
 func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Handler, endpoint string) (result string, status int) {
@@ -295,7 +326,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		if errors.Is(err, errKeyMissing) {
 			code = contract.CodeKeyMissing
 		}
-		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: code, Detail: err.Error()}, 0)
+		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: code, Detail: err.Error()}, 0)
 	}
 	w.Header().Set(contract.HeaderKey, key)
 	tenant, err := m.opts.Tenant(r)
@@ -305,26 +336,34 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), contract.MaxTenantBytes)
 	}
 	if err != nil {
-		return writeProblem(w, Problem{Status: http.StatusUnauthorized, Code: contract.CodeTenantMissing, Detail: err.Error()}, 0)
+		return m.problem(w, Problem{Status: http.StatusUnauthorized, Code: contract.CodeTenantMissing, Detail: err.Error()}, 0)
 	}
 	if len(endpoint) > contract.MaxEndpointBytes {
 		// By default the endpoint is the method and the path, so this is
 		// the path's fault, not the key's, which is what the store's
 		// ErrInvalidScope would otherwise be reported as.
-		return writeProblem(w, Problem{Status: http.StatusRequestURITooLong, Code: contract.CodeURITooLong,
+		return m.problem(w, Problem{Status: http.StatusRequestURITooLong, Code: contract.CodeURITooLong,
 			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), contract.MaxEndpointBytes)}, 0)
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
 	if err != nil {
 		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
 			// An outer http.MaxBytesReader has a lower cap than ours.
-			return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
+			return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
 				Detail: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit)}, 0)
 		}
-		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid, Detail: "reading the request body: " + err.Error()}, 0)
+		// The cause goes to the log only: a connection's error names both
+		// ends of the socket, which the client has no use for.
+		m.opts.Logger.Debug("idemhttp: reading the request body failed", "err", err)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return m.problem(w, Problem{Status: http.StatusRequestTimeout, Code: contract.CodeRequestTimeout,
+				Detail: "the request body did not arrive in time; nothing was recorded, retry with the same key"}, 0)
+		}
+		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid,
+			Detail: "the request body could not be read to its end"}, 0)
 	}
 	if int64(len(body)) > m.opts.MaxRequestBytes {
-		return writeProblem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
+		return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
 			Detail: fmt.Sprintf("the request body is larger than %d bytes", m.opts.MaxRequestBytes)}, 0)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -340,7 +379,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		if errors.As(err, &be) {
 			p.BodyError, p.BodyOffset = be.Code, &be.Offset
 		}
-		return writeProblem(w, p, 0)
+		return m.problem(w, p, 0)
 	}
 	scope := contract.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
 
@@ -357,7 +396,7 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	case err != nil:
 		return m.refuse(w, err)
 	case replay != nil:
-		return m.replay(w, replay)
+		return m.replay(w, r, replay)
 	default:
 		return m.execute(w, r, next, lease)
 	}
@@ -368,26 +407,51 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 	var ke *contract.KeyError
 	switch {
 	case errors.Is(err, contract.ErrFingerprintMismatch):
-		return writeProblem(w, Problem{Status: m.opts.MismatchStatus, Code: contract.CodeKeyReuse,
+		return m.problem(w, Problem{Status: m.opts.MismatchStatus, Code: contract.CodeKeyReuse,
 			Detail: "this idempotency key was used for a different request; use a new key for a new operation"}, 0)
 	case errors.Is(err, contract.ErrInProgress) && errors.As(err, &ke):
-		return writeProblem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
+		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
 			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
 	case errors.Is(err, contract.ErrOutcomePending):
-		return writeProblem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
+		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
 			Detail: "an earlier attempt with this idempotency key has an outcome that is not known yet; it is being reconciled"}, 0)
 	case errors.Is(err, contract.ErrInvalidScope):
-		return writeProblem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeKeyInvalid, Detail: err.Error()}, 0)
+		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeKeyInvalid, Detail: err.Error()}, 0)
 	default:
 		m.opts.Logger.Error("idemhttp: claim failed", "err", err)
-		return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
+		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
 			Detail: "the idempotency store is unavailable; retry with the same key"}, time.Second)
 	}
 }
 
-// replay answers with the stored response, verbatim.
-func (m *middleware) replay(w http.ResponseWriter, rec *contract.Record) (result string, status int) {
+// replay answers with the stored response, verbatim. A response whose
+// body was not kept cannot be: sent with its status and no body, it would
+// read as a successful empty answer to a client that does not know idem's
+// headers. It gets 410 instead, a status no common retrying client
+// repeats, since a retry would get the same answer, and whose detail says
+// that the operation ran. A body in a content coding that the retry does
+// not accept is decoded when it is gzip, and answered with 406 otherwise,
+// rather than sent as bytes the client cannot read.
+func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *contract.Record) (result string, status int) {
 	h := w.Header()
+	if rec.BodyOmitted {
+		h.Set(contract.HeaderReplayed, "true")
+		h.Set(contract.HeaderBodyOmitted, "true")
+		return m.problem(w, Problem{Status: http.StatusGone, Code: contract.CodeResponseBodyOmitted, OriginalStatus: rec.Response.Status,
+			Detail: fmt.Sprintf("the request ran and answered %d, but its body (%d bytes) was too large to keep, so it cannot be sent again; "+
+				"do not repeat the operation under a new key: it would run again", rec.Response.Status, rec.BodyLen)}, 0)
+	}
+	body, decoded := rec.Response.Body, false
+	if c := contentCoding(rec.Response.Header); c != "" && !acceptsCoding(r.Header, c) {
+		var err error
+		if body, err = decode(c, body); err != nil {
+			h.Set(contract.HeaderReplayed, "true")
+			return m.problem(w, Problem{Status: http.StatusNotAcceptable, Code: contract.CodeEncodingNotAcceptable, OriginalStatus: rec.Response.Status,
+				Detail: fmt.Sprintf("the request ran and answered %d with a body coded %s, which this request's Accept-Encoding refuses; "+
+					"retry with the same key and accept %s", rec.Response.Status, c, c)}, 0)
+		}
+		decoded = true
+	}
 	for k, vs := range rec.Response.Header {
 		if name, added := strings.CutPrefix(k, appendPrefix); added {
 			h[name] = append(slices.Clip(h[name]), vs...)
@@ -395,15 +459,81 @@ func (m *middleware) replay(w http.ResponseWriter, rec *contract.Record) (result
 			h[k] = slices.Clone(vs)
 		}
 	}
-	h.Set(contract.HeaderReplayed, "true")
-	if rec.BodyOmitted {
-		h.Set(contract.HeaderBodyOmitted, "true")
-		// The length declared was the body's, which is not sent.
+	if decoded {
+		// These describe the coded bytes, not the ones sent.
+		h.Del("Content-Encoding")
 		h.Del("Content-Length")
+		h.Del("ETag")
 	}
+	h.Set(contract.HeaderReplayed, "true")
 	w.WriteHeader(rec.Response.Status)
-	w.Write(rec.Response.Body)
+	w.Write(body)
 	return OutcomeReplayed, rec.Response.Status
+}
+
+// contentCoding returns the codings of a stored response, lower-cased and
+// comma-separated, without identity: "" for a body sent as it is.
+func contentCoding(h http.Header) string {
+	var out []string
+	for _, v := range h.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+				out = append(out, c)
+			}
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// acceptsCoding reports whether a request with header h accepts a body
+// in content coding c, as RFC 9110 (12.5.3) reads Accept-Encoding: no
+// field accepts every coding, a coding listed with weight 0 is refused,
+// and "*" stands for every coding the field does not list.
+func acceptsCoding(h http.Header, c string) bool {
+	vs, ok := h["Accept-Encoding"]
+	if !ok {
+		return true
+	}
+	c = strings.TrimPrefix(c, "x-")
+	star := false
+	for v := range strings.SplitSeq(strings.Join(vs, ","), ",") {
+		name, params, _ := strings.Cut(v, ";")
+		name = strings.TrimPrefix(strings.ToLower(strings.TrimSpace(name)), "x-")
+		switch name {
+		case c:
+			return weight(params) > 0
+		case "*":
+			star = weight(params) > 0
+		}
+	}
+	return star
+}
+
+// weight returns the q parameter among an Accept-Encoding member's
+// parameters, 1 when it has none or an unreadable one.
+func weight(params string) float64 {
+	for p := range strings.SplitSeq(params, ";") {
+		name, v, _ := strings.Cut(strings.TrimSpace(p), "=")
+		if strings.EqualFold(strings.TrimSpace(name), "q") {
+			if q, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				return q
+			}
+		}
+	}
+	return 1
+}
+
+// decode undoes content coding c, which must be gzip alone: the coding
+// that servers use most and the only one the standard library reads.
+func decode(c string, body []byte) ([]byte, error) {
+	if c != "gzip" && c != "x-gzip" {
+		return nil, fmt.Errorf("idemhttp: cannot decode %s", c)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(zr)
 }
 
 // execute runs the handler under the lease, stores its outcome, and only
@@ -458,7 +588,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			key := w.Header().Get(contract.HeaderKey)
 			clear(w.Header())
 			w.Header().Set(contract.HeaderKey, key)
-			return writeProblem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
+			return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
 				Detail: "the request ran but its outcome could not be stored; retry with the same key, it will not run twice"}, time.Second)
 		}
 	}

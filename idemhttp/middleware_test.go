@@ -1,16 +1,21 @@
 package idemhttp_test
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -176,6 +181,96 @@ func TestGetPassesThrough(t *testing.T) {
 		assert.Empty(t, resp.Header.Get("Idempotent-Replayed"))
 	}
 	assert.Equal(t, int64(2), e.app.runs.Load(), "reads run every time")
+}
+
+// TestKeyedUnsafeMethodIsProtected: Options.Methods decides where a key is
+// mandatory, not which keys count. An unsafe request that carries one is
+// run once whatever its method; without one it passes through, and a safe
+// method passes through even with a key.
+func TestKeyedUnsafeMethodIsProtected(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	for _, method := range []string{"PATCH", "PUT", "DELETE"} {
+		t.Run(method, func(t *testing.T) {
+			before := e.app.runs.Load()
+			first, body := e.call(method, "/v1/payments/pay_1", "acme", pay, "k-"+method)
+			require.Equal(t, http.StatusCreated, first.StatusCode)
+			again, replayed := e.call(method, "/v1/payments/pay_1", "acme", pay, "k-"+method)
+			assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+			assert.Equal(t, body, replayed)
+			assert.Equal(t, before+1, e.app.runs.Load(), "the keyed retry is a replay")
+
+			resp, body := e.call(method, "/v1/payments/pay_1", "acme", `{"amount":1}`, "k-"+method)
+			assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
+			assert.Equal(t, contract.CodeKeyReuse, problem(t, resp, body).Code)
+
+			resp, _ = e.call(method, "/v1/payments/pay_1", "acme", pay)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode, "no key, and none required")
+			assert.Equal(t, before+2, e.app.runs.Load())
+		})
+	}
+	t.Run("a malformed key is refused", func(t *testing.T) {
+		resp, body := e.call("PATCH", "/v1/payments/pay_1", "acme", pay, "a b")
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, contract.CodeKeyInvalid, problem(t, resp, body).Code)
+	})
+	t.Run("safe methods pass through", func(t *testing.T) {
+		for _, method := range []string{"GET", "HEAD", "OPTIONS", "TRACE"} {
+			before := e.app.runs.Load()
+			for range 2 {
+				resp, _ := e.call(method, "/v1/payments/pay_1", "acme", "", "safe-"+method)
+				assert.Empty(t, resp.Header.Get("Idempotent-Replayed"), method)
+			}
+			assert.Equal(t, before+2, e.app.runs.Load(), method)
+		}
+	})
+}
+
+// TestSlowBodyIs408: a body that stops arriving before the server's read
+// deadline is the client's timeout, not a malformed body, and the answer
+// names no socket address. Nothing is claimed, so a retry runs.
+func TestSlowBodyIs408(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	srv := httptest.NewUnstartedServer(e.srv.Config.Handler)
+	srv.Config.ReadTimeout = 500 * time.Millisecond // ample for the header, which is sent at once
+	srv.Start()
+	t.Cleanup(srv.Close)
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer acme\r\n"+
+		"Idempotency-Key: slow\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"amount\":")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+
+	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+	p := problem(t, resp, string(body))
+	assert.Equal(t, contract.CodeRequestTimeout, p.Code)
+	assert.NotContains(t, p.Detail, "127.0.0.1")
+	assert.NotContains(t, p.Detail, "tcp")
+	assert.Zero(t, e.app.runs.Load())
+	m, err := e.db.Metrics(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, m.Events[idem.EventClaimed], "nothing was claimed")
+}
+
+// TestUnreadableBodyNamesNoAddress: a body that fails to arrive for any
+// other reason is refused with a detail that says so and no more.
+func TestUnreadableBodyNamesNoAddress(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	req := e.request(nil, "POST", "/v1/payments", "acme", "", "broken")
+	addr := &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 4567}
+	req.Body = io.NopCloser(iotest.ErrReader(&net.OpError{Op: "read", Net: "tcp", Source: addr, Addr: addr, Err: syscall.ECONNRESET}))
+	w := e.serve(req)
+	assert.Equal(t, http.StatusBadRequest, w.Code)
+	p := problem(t, w.Result(), w.Body.String())
+	assert.Equal(t, contract.CodeBodyInvalid, p.Code)
+	assert.NotContains(t, p.Detail, "10.1.2.3")
+	assert.Zero(t, e.app.runs.Load())
 }
 
 func TestTenantsStayApart(t *testing.T) {

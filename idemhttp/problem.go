@@ -11,8 +11,15 @@ import (
 // ProblemType is the media type of every error idemhttp answers itself.
 const ProblemType = "application/problem+json"
 
+// DefaultProblemBase begins the type URI of every problem idemhttp answers
+// unless Options.ProblemBase says otherwise: followed by the problem's
+// code, it names the section of idem's README that documents that code.
+const DefaultProblemBase = "https://github.com/idemkv/idem#"
+
 // Problem is an RFC 9457 problem document with idemhttp's code member.
 type Problem struct {
+	// Type identifies the kind of problem: the base URI followed by Code,
+	// or "about:blank" when it has no documentation of its own.
 	Type   string `json:"type"`
 	Title  string `json:"title"`
 	Status int    `json:"status"`
@@ -22,18 +29,29 @@ type Problem struct {
 	// duplicate_member, ...), and BodyOffset the byte where it stopped.
 	BodyError  string `json:"body_error,omitempty"`
 	BodyOffset *int   `json:"body_offset,omitempty"`
+	// OriginalStatus is the status of the stored response that a replay
+	// cannot send in full (response_body_omitted, encoding_not_acceptable).
+	OriginalStatus int `json:"original_status,omitempty"`
 }
 
-// writeProblem answers with p; retry, when positive, becomes Retry-After in
-// whole seconds, rounded up so that a client never comes back too early. It
-// returns p's code and status, which is what a refusal reports to
-// Options.Observe.
-func writeProblem(w http.ResponseWriter, p Problem, retry time.Duration) (code string, status int) {
-	p.Type = "about:blank"
+// WriteProblem answers with p, titled after its status, so that a service
+// answers its own errors in the shape of the middleware's. An empty Type
+// is sent as about:blank; any other is also linked as the documentation
+// that describes the answer (Link rel="describedby"), as the
+// idempotency-key draft asks of its errors. retry, when positive, becomes
+// Retry-After in whole seconds, rounded up so that a client never comes
+// back too early.
+func WriteProblem(w http.ResponseWriter, p Problem, retry time.Duration) {
+	if p.Type == "" {
+		p.Type = "about:blank"
+	}
 	p.Title = http.StatusText(p.Status)
 	h := w.Header()
 	h.Set("Content-Type", ProblemType)
 	h.Set("Cache-Control", "no-store")
+	if p.Type != "about:blank" {
+		h.Add("Link", "<"+p.Type+`>; rel="describedby"`)
+	}
 	if retry > 0 {
 		h.Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
 	}
@@ -43,5 +61,12 @@ func writeProblem(w http.ResponseWriter, p Problem, retry time.Duration) (code s
 	_ = enc.Encode(p)
 	w.WriteHeader(p.Status)
 	w.Write(body.Bytes())
+}
+
+// problem answers with p, typed under Options.ProblemBase, and returns
+// its code and status, which is what a refusal reports to Options.Observe.
+func (m *middleware) problem(w http.ResponseWriter, p Problem, retry time.Duration) (code string, status int) {
+	p.Type = m.opts.ProblemBase + p.Code
+	WriteProblem(w, p, retry)
 	return p.Code, p.Status
 }

@@ -2,6 +2,8 @@ package idemhttp_test
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -200,8 +202,7 @@ func TestWritesPastTheDeclaredLengthAreRefused(t *testing.T) {
 
 // TestReplayKeepsADeclaredLength: a length the handler declared frames
 // the replay as it framed the first answer, also past net/http's buffer,
-// where an undeclared one would be chunked. A body too large to store is
-// replayed without it, since the body is not sent.
+// where an undeclared one would be chunked.
 func TestReplayKeepsADeclaredLength(t *testing.T) {
 	db, _ := idemtest.Open(t, &idem.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
 	e := setup(t, idemhttp.Options{Store: db})
@@ -219,14 +220,38 @@ func TestReplayKeepsADeclaredLength(t *testing.T) {
 	assert.Len(t, body, size)
 	assert.Equal(t, int64(size), first.ContentLength)
 	assert.Equal(t, first.ContentLength, again.ContentLength)
+}
 
-	size++ // over MaxBodyBytes: stored without its body
-	first, _ = e.call("POST", "/v1/payments", "acme", pay, "omitted")
+// TestOmittedBodyIsNotReplayedAsSuccess: a response whose body was too
+// large to keep cannot be replayed, and a client that does not know idem's
+// headers must not take the replay for a successful empty answer. It gets
+// 410 response_body_omitted with the original status, which no common
+// retrying client retries: a retry would get the same, and a new key
+// would run the operation again.
+func TestOmittedBodyIsNotReplayedAsSuccess(t *testing.T) {
+	db, _ := idemtest.Open(t, &idem.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
+	e := setup(t, idemhttp.Options{Store: db})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(4<<10+1))
+		w.Header().Set("Location", "/v1/payments/pay_big")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `"`+strings.Repeat("x", 4<<10-1)+`"`)
+	}
+	first, body := e.call("POST", "/v1/payments", "acme", pay, "omitted")
 	require.Equal(t, http.StatusCreated, first.StatusCode)
-	again, body = e.call("POST", "/v1/payments", "acme", pay, "omitted")
-	require.Equal(t, "true", again.Header.Get("Idempotent-Body-Omitted"))
-	assert.Empty(t, body)
-	assert.Zero(t, again.ContentLength)
+	require.Len(t, body, 4<<10+1, "the first answer is whole")
+
+	again, body := e.call("POST", "/v1/payments", "acme", pay, "omitted")
+	assert.Equal(t, http.StatusGone, again.StatusCode)
+	p := problem(t, again, body)
+	assert.Equal(t, contract.CodeResponseBodyOmitted, p.Code)
+	assert.Equal(t, http.StatusCreated, p.OriginalStatus)
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Body-Omitted"))
+	assert.Empty(t, again.Header.Get("Location"), "the stored headers describe a body that is not sent")
+	assert.Empty(t, again.Header.Get("Retry-After"))
+	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
 // TestHijackedAnswerIsNotReplayed: a handler that takes the connection
@@ -324,4 +349,68 @@ func TestStreamKeepsItsEndUntilStored(t *testing.T) {
 			assert.Equal(t, "paid", body)
 		})
 	}
+}
+
+// TestReplayHonoursAcceptEncoding: a replay is coded as the first answer
+// was, which the retry may not accept. A gzip body is decoded for a retry
+// that refuses gzip; a coding the middleware cannot decode gets 406
+// encoding_not_acceptable, naming it, rather than bytes the client cannot
+// read. A retry that accepts the coding, or says nothing, gets the bytes
+// as stored.
+func TestReplayHonoursAcceptEncoding(t *testing.T) {
+	e := setup(t, idemhttp.Options{})
+	const doc = `{"id":"pay_1"}`
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	io.WriteString(zw, doc)
+	require.NoError(t, zw.Close())
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		coding := r.URL.Query().Get("coding")
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", coding)
+		w.Header().Set("ETag", `"v1-`+coding+`"`)
+		w.Header().Set("Content-Length", strconv.Itoa(gz.Len()))
+		w.WriteHeader(http.StatusCreated)
+		w.Write(gz.Bytes()) // as good as br for a test: never decoded
+	}
+	call := func(coding, key, accept string) (*http.Response, string) {
+		t.Helper()
+		var h http.Header
+		if accept != "-" {
+			h = http.Header{"Accept-Encoding": {accept}}
+		}
+		return e.callWith(h, "POST", "/v1/payments?coding="+coding, "acme", pay, key)
+	}
+	first, body := call("gzip", "gz", "gzip")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	require.Equal(t, gz.String(), body)
+
+	for _, accept := range []string{"identity", "br, deflate", "gzip;q=0, *", "*;q=0, identity", "GZIP;q=0.000"} {
+		again, body := call("gzip", "gz", accept)
+		assert.Equal(t, http.StatusCreated, again.StatusCode, accept)
+		assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), accept)
+		assert.Equal(t, doc, body, "Accept-Encoding %q: decoded", accept)
+		assert.Empty(t, again.Header.Get("Content-Encoding"), accept)
+		assert.Empty(t, again.Header.Get("ETag"), "the tag named the gzip bytes")
+		assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
+	}
+	for _, accept := range []string{"gzip", "x-gzip", "br, gzip;q=0.5", "*", "identity;q=0.5, *;q=0.1"} {
+		again, body := call("gzip", "gz", accept)
+		assert.Equal(t, gz.String(), body, "Accept-Encoding %q: as stored", accept)
+		assert.Equal(t, "gzip", again.Header.Get("Content-Encoding"), accept)
+		assert.Equal(t, `"v1-gzip"`, again.Header.Get("ETag"))
+	}
+
+	first, _ = call("br", "br", "br")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	again, body := call("br", "br", "identity")
+	assert.Equal(t, http.StatusNotAcceptable, again.StatusCode)
+	p := problem(t, again, body)
+	assert.Equal(t, contract.CodeEncodingNotAcceptable, p.Code)
+	assert.Equal(t, http.StatusCreated, p.OriginalStatus)
+	assert.Contains(t, p.Detail, "br")
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	again, _ = call("br", "br", "br;q=1")
+	assert.Equal(t, http.StatusCreated, again.StatusCode)
+	assert.Equal(t, int64(2), e.app.runs.Load())
 }

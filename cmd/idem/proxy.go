@@ -30,27 +30,34 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ttl := fs.Duration("ttl", 0, "how long a key is remembered, at least ten leases (default 24h)")
 	lease := fs.Duration("lease", 0, "how long a claim may run before it counts as abandoned (default 30s)")
 	upstreamTimeout := fs.Duration("upstream-timeout", 0, "how long the upstream may take to answer in full; past it the outcome is recorded unknown (default 80% of the lease)")
-	require := fs.String("require", "POST", "comma-separated methods that must carry an Idempotency-Key; others pass through unrecorded")
+	require := fs.String("require", "POST", "comma-separated methods that must carry an Idempotency-Key; a request with another unsafe method (PUT, PATCH, DELETE, ...) is protected when it carries one, and safe methods (GET, HEAD, OPTIONS, TRACE) pass through unrecorded")
 	wait := fs.Duration("wait", 0, "how long a duplicate of a request still running waits for it before getting 409 (default 0: at once)")
-	maxBody := fs.Int64("max-body", 1<<20, "largest request body in bytes; larger ones get 413")
+	maxBody := byteSize(1 << 20)
+	fs.Var(&maxBody, "max-body", "largest request body, a `SIZE` in bytes or with a unit (512KiB, 1MiB); larger ones get 413")
+	maxStored := byteSize(4 << 20)
+	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz; port 0 picks a free one, empty turns it off")
+	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR | --store DSN] [--listen ADDR]
                   [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
-                  [--max-body N] [--drain D] [--admin ADDR] [--events=false]
+                  [--max-body SIZE] [--max-stored-body SIZE] [--drain D]
+                  [--admin ADDR] [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
 any language. A request whose method is in --require must carry an
-Idempotency-Key; the first one is forwarded and its response is recorded
+Idempotency-Key, and one with any other unsafe method that carries a key
+is treated alike; the first one is forwarded and its response is recorded
 before it reaches the client (a response without a length streams, all
 but its end), and every retry gets that response again
-(Idempotent-Replayed: true) without reaching the upstream. The same key
-with a different request gets 422; a duplicate of a request still running
-gets 409 with Retry-After. The key is forwarded, so the upstream can pass
-it on to its own providers.
+(Idempotent-Replayed: true) without reaching the upstream; a response
+whose body is over --max-stored-body is not kept, and its retries get 410
+response_body_omitted instead. The same key with a different request gets
+422; a duplicate of a request still running gets 409 with Retry-After.
+The key is forwarded, so the upstream can pass it on to its own providers.
 
 The records are kept in the directory --data names, which one process
 holds at a time, or with --store DSN in PostgreSQL: then any number of
@@ -63,6 +70,10 @@ upstream cannot be reached at all the key is freed and the proxy answers
 502; when it fails or times out after the request was sent, the outcome is
 recorded unknown (retries get 409 outcome_pending until it is resolved)
 and the proxy answers 502 or 504.
+
+The listener speaks HTTP/1.1: a client that opens with HTTP/2 without
+TLS (prior knowledge) gets 505 and a closed connection, and nothing
+reaches the upstream.
 
 Every path on --listen belongs to the upstream, so operators get a
 listener of their own, --admin, with GET /metrics (Prometheus metrics of
@@ -109,8 +120,11 @@ key itself.
 	if *drain <= 0 {
 		return usageErr("--drain %s must be positive", *drain)
 	}
-	if *maxBody <= 0 {
-		return usageErr("--max-body %d must be positive", *maxBody)
+	if maxBody <= 0 {
+		return usageErr("--max-body %d must be positive", maxBody)
+	}
+	if maxStored <= 0 {
+		return usageErr("--max-stored-body %d must be positive", maxStored)
 	}
 	log := newLogger(stderr)
 	effectiveLease := *lease
@@ -127,7 +141,7 @@ key itself.
 		return usageErr("--upstream-timeout %s must be positive and shorter than the lease (%s)", timeout, effectiveLease)
 	}
 
-	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, lease: *lease, logger: log, events: *events}, stderr)
+	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
 	if db == nil {
 		if code == 2 {
 			fs.Usage()
@@ -144,8 +158,9 @@ key itself.
 		Store:           db,
 		Tenant:          tenant,
 		Methods:         methods,
-		MaxRequestBytes: *maxBody,
+		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,
+		ProblemBase:     *problemBase,
 		Logger:          log,
 		Observe:         adm.observer.Observe,
 	})
@@ -153,7 +168,7 @@ key itself.
 		db.Close()
 		return usageErr("%v", err)
 	}
-	h := mw(newProxyHandler(target, timeout, log))
+	h := http1Only(*problemBase, mw(newProxyHandler(target, timeout, *problemBase, log)))
 	var adminH http.Handler
 	if *adminAddr != "" {
 		mux := http.NewServeMux()
@@ -229,6 +244,31 @@ func oneHeader(r *http.Request, name string) (string, error) {
 	return vs[0], nil
 }
 
+// http1Only refuses a request that is not HTTP/1.x. The listener speaks
+// HTTP/1 alone, and net/http hands the HTTP/2 connection preface to the
+// handler as a request "PRI *", so that a handler may take the connection
+// over; forwarded, it would reach the upstream as a request for "/*".
+func http1Only(problemBase string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 1 {
+			w.Header().Set("Connection", "close")
+			writeProblem(w, idemhttp.Problem{Type: problemBase + codeHTTPVersion, Status: http.StatusHTTPVersionNotSupported, Code: codeHTTPVersion,
+				Detail: "the proxy speaks HTTP/1.1; HTTP/2 without TLS (prior knowledge) is not served"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// The codes of the problems the proxy answers itself, beside the
+// middleware's; the README documents each under its name.
+const (
+	codeUpstreamUnavailable = "upstream_unavailable"       // 502: nothing was sent; the key is free
+	codeUpstreamFailed      = "upstream_failed"            // 502: sent, then lost; the outcome is unknown
+	codeUpstreamTimeout     = "upstream_timeout"           // 504: sent, no answer in time; the outcome is unknown
+	codeHTTPVersion         = "http_version_not_supported" // 505: not HTTP/1.x
+)
+
 // dialError marks a failure to connect to the upstream: the request was
 // certainly not sent, so nothing can have happened there.
 type dialError struct{ err error }
@@ -236,8 +276,9 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// newProxyHandler forwards to target, streaming the response back.
-func newProxyHandler(target *url.URL, timeout time.Duration, log *slog.Logger) http.Handler {
+// newProxyHandler forwards to target, streaming the response back. Its
+// own problems are typed under problemBase.
+func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string, log *slog.Logger) http.Handler {
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // the upstream is a neighbour, not something behind HTTP_PROXY
@@ -273,7 +314,7 @@ func newProxyHandler(target *url.URL, timeout time.Duration, log *slog.Logger) h
 		FlushInterval: 0,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			log.Warn("idem proxy: upstream request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-			upstreamError(w, r, err)
+			upstreamError(w, r, problemBase, err)
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -306,20 +347,20 @@ func hideKeyFromTransport(h http.Header) {
 // upstreamError answers a request the upstream did not answer. ReverseProxy
 // passes the outgoing request, whose context still carries the
 // middleware's outcome, so Release and MarkUnknown reach it.
-func upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+func upstreamError(w http.ResponseWriter, r *http.Request, problemBase string, err error) {
 	var de *dialError
-	status, code, detail := http.StatusBadGateway, "upstream_unavailable", "the upstream could not be reached; nothing was sent, so a retry with the same key runs the request"
+	status, code, detail := http.StatusBadGateway, codeUpstreamUnavailable, "the upstream could not be reached; nothing was sent, so a retry with the same key runs the request"
 	switch {
 	case errors.As(err, &de):
 		idemhttp.Release(r)
 	case errors.Is(err, context.DeadlineExceeded):
 		idemhttp.MarkUnknown(r)
-		status, code, detail = http.StatusGatewayTimeout, "upstream_timeout", "the upstream did not answer in time; it may have acted, so the outcome is recorded unknown"
+		status, code, detail = http.StatusGatewayTimeout, codeUpstreamTimeout, "the upstream did not answer in time; it may have acted, so the outcome is recorded unknown"
 	default:
 		idemhttp.MarkUnknown(r)
-		code, detail = "upstream_failed", "the upstream failed after the request was sent; it may have acted, so the outcome is recorded unknown"
+		code, detail = codeUpstreamFailed, "the upstream failed after the request was sent; it may have acted, so the outcome is recorded unknown"
 	}
 	// The cause goes to the log, not to the client: it names the
 	// upstream's address.
-	writeProblem(w, idemhttp.Problem{Status: status, Code: code, Detail: detail})
+	writeProblem(w, idemhttp.Problem{Type: problemBase + code, Status: status, Code: code, Detail: detail})
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -262,6 +263,16 @@ func TestProxyContract(t *testing.T) {
 		assert.Equal(t, before+2, u.total())
 	})
 
+	t.Run("a keyed PATCH runs once though --require leaves it out", func(t *testing.T) {
+		key := newKey()
+		first := send(t, "PATCH", p.url+"/v1/payments/pay_1", `{"amount": 1}`, keyed(key)...)
+		require.Equal(t, http.StatusCreated, first.status)
+		again := send(t, "PATCH", p.url+"/v1/payments/pay_1", `{"amount": 1}`, keyed(key)...)
+		assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, first.body, again.body)
+		assert.Equal(t, 1, u.count(auth, key))
+	})
+
 	t.Run("oversized body", func(t *testing.T) {
 		before := u.total()
 		r := send(t, "POST", p.url+"/v1/payments", `"`+strings.Repeat("x", 4096)+`"`, keyed(newKey())...)
@@ -337,6 +348,57 @@ func TestProxyContract(t *testing.T) {
 	})
 }
 
+// TestProxyRefusesHTTP2PriorKnowledge: a client that opens with the HTTP/2
+// preface reaches net/http as a request "PRI *", which must not be
+// forwarded as an HTTP/1.1 request for "/*". The proxy answers 505 and
+// closes the connection; the upstream sees nothing.
+func TestProxyRefusesHTTP2PriorKnowledge(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusHTTPVersionNotSupported, resp.StatusCode)
+	assert.Equal(t, "http_version_not_supported", reply{resp.StatusCode, resp.Header, body}.code(t))
+	assert.True(t, resp.Close, "the connection is not reused")
+	assert.Zero(t, u.total(), "the upstream is not touched")
+	// The proxy still serves HTTP/1.1.
+	assert.Equal(t, http.StatusCreated, send(t, "POST", p.url+"/v1/payments", `{}`, keyed(newKey())...).status)
+}
+
+// TestProxyStoredBodyCap: --max-stored-body bounds what is kept for a
+// replay. An answer over it reaches the first client whole; a retry is
+// told, with a 410 that keeps the original status, that the operation ran
+// and its answer cannot be sent again, never handed an empty success.
+func TestProxyStoredBodyCap(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u, "--max-stored-body", "1KiB")
+	small, big := newKey(), newKey()
+	for range 2 {
+		send(t, "POST", p.url+"/v1/payments", `{}`, keyed(small)...)
+	}
+	assert.Equal(t, 1, u.count(auth, small))
+
+	body := `"` + strings.Repeat("x", 1024) + `"`
+	first := send(t, "POST", p.url+"/v1/payments", body, keyed(big)...)
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Greater(t, len(first.body), 1024)
+	again := send(t, "POST", p.url+"/v1/payments", body, keyed(big)...)
+	assert.Equal(t, http.StatusGone, again.status)
+	assert.Equal(t, "response_body_omitted", again.code(t))
+	assert.Equal(t, 201.0, decode(t, again.body)["original_status"])
+	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, 1, u.count(auth, big))
+}
+
 // TestProxyConcurrent sends 50 identical requests at once: the upstream
 // runs one, and the rest are told it is in progress.
 func TestProxyConcurrent(t *testing.T) {
@@ -375,12 +437,21 @@ func TestProxyUpstreamDown(t *testing.T) {
 	require.NoError(t, ln.Close()) // connections to addr are now refused
 
 	u := newUpstream(t)
-	p := startDaemon(t, "proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", "http://"+addr)
+	base := "https://docs.example.com/idem/"
+	p := startDaemon(t, "proxy", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream", "http://"+addr,
+		"--problem-base", base)
 	key := newKey()
 	down := send(t, "POST", p.url+"/v1/payments", `{"amount": 4200}`, keyed(key)...)
 	assert.Equal(t, http.StatusBadGateway, down.status)
 	assert.Equal(t, "upstream_unavailable", down.code(t))
 	assert.Empty(t, down.header.Get("Idempotent-Replayed"))
+	// The proxy's own problems and the middleware's are typed under one
+	// base, and link to their documentation.
+	assert.Equal(t, base+"upstream_unavailable", decode(t, down.body)["type"])
+	assert.Equal(t, "<"+base+`upstream_unavailable>; rel="describedby"`, down.header.Get("Link"))
+	missing := send(t, "POST", p.url+"/v1/payments", `{}`, "Authorization", auth)
+	assert.Equal(t, base+"idempotency_key_missing", decode(t, missing.body)["type"])
+	assert.Equal(t, "<"+base+`idempotency_key_missing>; rel="describedby"`, missing.header.Get("Link"))
 
 	ln, err = net.Listen("tcp", addr)
 	require.NoError(t, err, "the port was taken in between; rerun")
@@ -520,6 +591,9 @@ func TestProxyUsage(t *testing.T) {
 		{"no drain", []string{"--upstream", "http://x", "--drain", "0s"}, "--drain 0s must be positive"},
 		{"no methods", []string{"--upstream", "http://x", "--require", ","}, "names no method"},
 		{"negative wait", []string{"--upstream", "http://x", "--wait", "-1s"}, "Options.Wait"},
+		{"no stored body", []string{"--upstream", "http://x", "--max-stored-body", "0"}, "--max-stored-body 0 must be positive"},
+		{"stored body unit", []string{"--upstream", "http://x", "--max-stored-body", "4XB"}, "want a number of bytes"},
+		{"relative problem base", []string{"--upstream", "http://x", "--problem-base", "errors/"}, "Options.ProblemBase"},
 		{"unknown flag", []string{"--upstream", "http://x", "--port", "1"}, "flag provided but not defined"},
 		{"argument", []string{"--upstream", "http://x", "extra"}, `unexpected argument "extra"`},
 	}

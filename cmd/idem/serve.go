@@ -26,10 +26,14 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on; port 0 picks a free one")
 	delay := fs.Duration("provider-delay", 0, "how long the simulated payment provider takes per charge or refund; try 5s to see 409 request_in_progress")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
+	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the middleware answers: the type is it followed by the code, and the answer links to it (Link rel=describedby)")
+	maxStored := byteSize(4 << 20)
+	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem serve [--data DIR | --store DSN] [--addr ADDR] [--provider-delay D]
-                  [--drain D] [--events=false]
+                  [--drain D] [--max-stored-body SIZE] [--problem-base URI]
+                  [--events=false]
 
 Runs a small payments API behind the idempotency middleware, to try the
 contract with curl:
@@ -76,20 +80,25 @@ with a hash of the key and of the token, never the key or the token.
 		fs.Usage()
 		return 2
 	}
+	if maxStored <= 0 {
+		fmt.Fprintf(stderr, "idem serve: --max-stored-body %d must be positive\n", maxStored)
+		fs.Usage()
+		return 2
+	}
 	if *delay < 0 || *drain <= 0 {
 		fmt.Fprintf(stderr, "idem serve: --provider-delay %s must not be negative, --drain %s must be positive\n", *delay, *drain)
 		fs.Usage()
 		return 2
 	}
 	log := serveLogger(stderr)
-	db, code := store.openServer("serve", serverOptions{logger: log, events: *events}, stderr)
+	db, code := store.openServer("serve", serverOptions{maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
 	if db == nil {
 		return code
 	}
 	adm, err := newAdmin(db, log)
 	var mw func(http.Handler) http.Handler
 	if err == nil {
-		mw, err = idemhttp.New(idemhttp.Options{Store: db, Tenant: bearerToken, Logger: log, Observe: adm.observer.Observe})
+		mw, err = idemhttp.New(idemhttp.Options{Store: db, Tenant: bearerToken, ProblemBase: *problemBase, Logger: log, Observe: adm.observer.Observe})
 	}
 	if err != nil {
 		db.Close()

@@ -344,6 +344,9 @@ func TestServeUsage(t *testing.T) {
 		{"negative delay", []string{"--provider-delay", "-1s"}, 2, "must not be negative"},
 		{"no drain", []string{"--drain", "0s"}, 2, "--drain 0s must be positive"},
 		{"bad address", []string{"--addr", "127.0.0.1:99999"}, 1, "idem serve:"},
+		{"relative problem base", []string{"--problem-base", "errors/"}, 1, "Options.ProblemBase"},
+		{"no stored body", []string{"--max-stored-body", "0"}, 2, "--max-stored-body 0 must be positive"},
+		{"stored body over the store's cap", []string{"--max-stored-body", "2GiB"}, 2, "MaxBodyBytes"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +27,9 @@ const (
 	readTimeout       = time.Minute
 	idleTimeout       = 2 * time.Minute
 )
+
+// maxStoredHelp is --max-stored-body's help, the same for serve and proxy.
+const maxStoredHelp = "largest response body kept for replays, a `SIZE` in bytes or with a unit (512KiB, 4MiB); a retry of a request whose answer was larger gets 410 response_body_omitted, with the original status, instead of that answer. At most 1GiB with --data, 256MiB with --store"
 
 // defaultDrain is how long a stopping server waits for requests in flight.
 const defaultDrain = 30 * time.Second
@@ -164,14 +165,5 @@ func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Ha
 // writeProblem answers with an RFC 9457 problem document shaped like the
 // middleware's own, so clients parse one kind of error.
 func writeProblem(w http.ResponseWriter, p idemhttp.Problem) {
-	p.Type = "about:blank"
-	p.Title = http.StatusText(p.Status)
-	var body bytes.Buffer
-	enc := json.NewEncoder(&body)
-	enc.SetEscapeHTML(false) // details quote headers like "Bearer <token>"
-	enc.Encode(p)
-	w.Header().Set("Content-Type", idemhttp.ProblemType)
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(p.Status)
-	w.Write(body.Bytes())
+	idemhttp.WriteProblem(w, p, 0)
 }

@@ -114,8 +114,10 @@ func pgWhere(dsn string) string {
 // means the store's default.
 type serverOptions struct {
 	ttl, lease time.Duration
-	logger     *slog.Logger
-	events     bool
+	// maxBodyBytes is the largest response body kept for replays.
+	maxBodyBytes int64
+	logger       *slog.Logger
+	events       bool
 }
 
 // openServer opens the store for serve or proxy, creating it (a directory,
@@ -127,11 +129,17 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 		events = o.logger
 	}
 	if !s.postgres() {
-		return openStore(name, s.dir, &idem.Options{TTL: o.ttl, Lease: o.lease, Logger: o.logger, Events: events}, stderr)
+		opts := &idem.Options{TTL: o.ttl, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events}
+		if o.maxBodyBytes > 0 {
+			// Bodies are kept inside the record up to the smaller of the
+			// two, which idem.Open requires to be no larger than the cap.
+			opts.InlineBodyBytes = int(min(64<<10, o.maxBodyBytes))
+		}
+		return openStore(name, s.dir, opts, stderr)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	db, err := pgstore.Open(ctx, s.dsn, &pgstore.Options{TTL: o.ttl, Lease: o.lease, Logger: o.logger, Events: events,
+	db, err := pgstore.Open(ctx, s.dsn, &pgstore.Options{TTL: o.ttl, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events,
 		Migrate: pgstore.MigrateApply})
 	if err != nil {
 		return nil, s.pgOpenFailed(name, err, stderr)
