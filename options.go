@@ -9,14 +9,9 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/internal/record"
 )
-
-// minTTLLeases is how many leases a TTL must span at least: a record must
-// outlive every retry of an operation, and an operation may hold its lease
-// for a while, so a TTL close to the lease would let a key expire under a
-// client that is still retrying.
-const minTTLLeases = 10
 
 // Options configure a DB. The zero value of each field selects its default;
 // a nil *Options selects every default.
@@ -147,7 +142,7 @@ func (o *Options) withDefaults() (Options, error) {
 		bad("Lease %s must be positive", c.Lease)
 	}
 	checkTTL := func(name string, ttl time.Duration) {
-		if err := c.checkTTL(name, ttl); err != nil {
+		if err := contract.CheckTTL(name, ttl, c.Lease); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -168,17 +163,6 @@ func (o *Options) withDefaults() (Options, error) {
 		bad("CacheBytes %d must be between 0 and 1 TiB", c.CacheBytes)
 	}
 	return c, errors.Join(errs...)
-}
-
-// checkTTL applies the TTL rule to one TTL.
-func (o *Options) checkTTL(name string, ttl time.Duration) error {
-	switch {
-	case ttl <= 0:
-		return fmt.Errorf("%w: %s %s must be positive", ErrInvalidOptions, name, ttl)
-	case o.Lease > 0 && ttl < minTTLLeases*o.Lease:
-		return fmt.Errorf("%w: %s %s must be at least %d leases (%s)", ErrInvalidOptions, name, ttl, minTTLLeases, minTTLLeases*o.Lease)
-	}
-	return nil
 }
 
 // ttlFor returns the TTL that applies to endpoint.

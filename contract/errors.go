@@ -64,3 +64,22 @@ func (e *KeyError) Error() string {
 }
 
 func (e *KeyError) Unwrap() error { return e.Err }
+
+// MinTTLLeases is how many leases a store's TTL spans at least: a record
+// must outlive every retry of an operation, and an operation may hold its
+// lease for a while, so a TTL close to the lease would let a key expire
+// under a client that is still retrying.
+const MinTTLLeases = 10
+
+// CheckTTL applies the TTL rule to the TTL named name, given the lease:
+// it must be positive and at least MinTTLLeases leases. Its error matches
+// ErrInvalidOptions.
+func CheckTTL(name string, ttl, lease time.Duration) error {
+	switch {
+	case ttl <= 0:
+		return fmt.Errorf("%w: %s %s must be positive", ErrInvalidOptions, name, ttl)
+	case lease > 0 && ttl < MinTTLLeases*lease:
+		return fmt.Errorf("%w: %s %s must be at least %d leases (%s)", ErrInvalidOptions, name, ttl, MinTTLLeases, MinTTLLeases*lease)
+	}
+	return nil
+}

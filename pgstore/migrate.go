@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -11,8 +12,40 @@ import (
 )
 
 // ErrSchemaBehind: the database schema lacks migrations this package
-// needs, and Options.Migrate forbade applying them.
+// needs, and Options.Migrate forbade applying them. The error Open returns
+// is a *SchemaBehindError that matches it.
 var ErrSchemaBehind = errors.New("pgstore: database schema is behind")
+
+// SchemaBehindError says which migrations the database lacks.
+type SchemaBehindError struct {
+	Need    int   // the schema version this build needs
+	Missing []int // the versions not applied, in order
+}
+
+func (e *SchemaBehindError) Error() string {
+	return fmt.Sprintf("%v: this build needs schema version %d; the database lacks %s (open with Migrate: MigrateApply to apply them)",
+		ErrSchemaBehind, e.Need, versionList(e.Missing))
+}
+
+func (e *SchemaBehindError) Is(target error) bool { return target == ErrSchemaBehind }
+
+// Migration is one applied step of the schema.
+type Migration struct {
+	Version int
+	Name    string
+}
+
+// Applied returns the migrations applied to the database dsn names, in
+// order, and changes nothing: none when it holds no idem schema. Errors
+// never repeat the DSN.
+func Applied(ctx context.Context, dsn string) ([]Migration, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: connect: %w", scrub(err))
+	}
+	defer conn.Close(context.Background())
+	return appliedMigrations(ctx, conn)
+}
 
 // migration is one step of the schema. Steps are never edited once
 // released; a change is a new step.
@@ -74,13 +107,12 @@ const (
 // says. It returns the versions it applied.
 func migrate(ctx context.Context, pool *pgxpool.Pool, mode MigrateMode) ([]int, error) {
 	if mode == MigrateRefuse {
-		have, err := appliedVersions(ctx, pool)
+		have, err := appliedMigrations(ctx, pool)
 		if err != nil {
 			return nil, err
 		}
 		if missing := missingVersions(have); len(missing) > 0 {
-			return nil, fmt.Errorf("%w: this build needs schema version %d; the database lacks %s (open with Migrate: MigrateApply to apply them)",
-				ErrSchemaBehind, schemaVersion(), versionList(missing))
+			return nil, &SchemaBehindError{Need: schemaVersion(), Missing: missing}
 		}
 		return nil, nil
 	}
@@ -111,7 +143,7 @@ func migrateStep(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 			" (version int PRIMARY KEY, name text NOT NULL)"); err != nil {
 			return fmt.Errorf("pgstore: create %s: %w", migrationsTable, err)
 		}
-		have, err := queryVersions(ctx, tx)
+		have, err := appliedMigrations(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -136,40 +168,41 @@ func migrateStep(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 	return version, err
 }
 
-// appliedVersions reads the applied versions without creating anything.
-func appliedVersions(ctx context.Context, pool *pgxpool.Pool) (map[int]bool, error) {
+// appliedMigrations reads the applied migrations, in order, without
+// creating anything.
+func appliedMigrations(ctx context.Context, q querier) ([]Migration, error) {
 	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", migrationsTable).Scan(&exists); err != nil {
+	if err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", migrationsTable).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("pgstore: read schema version: %w", err)
 	}
 	if !exists {
-		return map[int]bool{}, nil
+		return nil, nil
 	}
-	return queryVersions(ctx, pool)
-}
-
-func queryVersions(ctx context.Context, q querier) (map[int]bool, error) {
-	rows, err := q.Query(ctx, "SELECT version FROM "+migrationsTable)
+	rows, err := q.Query(ctx, "SELECT version, name FROM "+migrationsTable+" ORDER BY version")
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: read schema version: %w", err)
 	}
-	vs, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	ms, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Migration, error) {
+		var (
+			m Migration
+			v int32
+		)
+		err := r.Scan(&v, &m.Name)
+		m.Version = int(v)
+		return m, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: read schema version: %w", err)
 	}
-	have := make(map[int]bool, len(vs))
-	for _, v := range vs {
-		have[int(v)] = true
-	}
-	return have, nil
+	return ms, nil
 }
 
 // missingVersions returns the versions of migrations not in have, in
 // order.
-func missingVersions(have map[int]bool) []int {
+func missingVersions(have []Migration) []int {
 	var missing []int
 	for _, m := range migrations {
-		if !have[m.version] {
+		if !slices.ContainsFunc(have, func(h Migration) bool { return h.Version == m.version }) {
 			missing = append(missing, m.version)
 		}
 	}

@@ -101,11 +101,24 @@ func TestOpenErrorsHideTheDSN(t *testing.T) {
 
 func TestOptionsReportEveryBadField(t *testing.T) {
 	_, err := pgstore.Open(t.Context(), "postgres://unused", &pgstore.Options{
-		Lease: -time.Second, TTL: -time.Second, MaxBodyBytes: -1,
-		EndpointTTL: map[string]time.Duration{"POST /x": 0},
+		Lease: -time.Second, TTL: -time.Second, MaxBodyBytes: -1, ClockSkew: -1, ClaimWait: -1,
+		EndpointTTL: map[string]time.Duration{"POST /x": -1},
 	})
 	require.ErrorIs(t, err, contract.ErrInvalidOptions)
-	for _, field := range []string{"Lease", "TTL", "MaxBodyBytes", "EndpointTTL"} {
+	for _, field := range []string{"Lease", "TTL", "MaxBodyBytes", "EndpointTTL", "ClockSkew", "ClaimWait"} {
 		assert.Contains(t, err.Error(), field)
+	}
+}
+
+// A TTL must outlast ten leases, as for the embedded store, whether it is
+// the store's or an endpoint's.
+func TestOptionsTTLSpansTenLeases(t *testing.T) {
+	for _, o := range []*pgstore.Options{
+		{TTL: 4 * time.Minute},
+		{Lease: time.Minute, TTL: time.Hour, EndpointTTL: map[string]time.Duration{"POST /x": 9 * time.Minute}},
+	} {
+		_, err := pgstore.Open(t.Context(), "postgres://unused", o)
+		require.ErrorIs(t, err, contract.ErrInvalidOptions)
+		assert.Contains(t, err.Error(), "at least 10 leases")
 	}
 }

@@ -30,8 +30,8 @@ type Options struct {
 	// Default: 30 seconds.
 	Lease time.Duration
 
-	// TTL is how long a record is kept after it is claimed.
-	// Default: 24 hours.
+	// TTL is how long a record is kept after it is claimed. It must be
+	// at least contract.MinTTLLeases leases long. Default: 24 hours.
 	TTL time.Duration
 
 	// ClaimWait bounds how long a claim waits for another transaction
@@ -41,7 +41,8 @@ type Options struct {
 	// down to whole milliseconds (at least one). Default: 2 seconds.
 	ClaimWait time.Duration
 
-	// EndpointTTL overrides TTL for the endpoints it names. Default: none.
+	// EndpointTTL overrides TTL for the endpoints it names. Each value
+	// follows the same rule as TTL. Default: none.
 	EndpointTTL map[string]time.Duration
 
 	// MaxBodyBytes is the largest response body kept, at most 256 MiB. A
@@ -95,6 +96,25 @@ func (o *Options) withDefaults() (Options, error) {
 		c = *o
 	}
 	c.EndpointTTL = maps.Clone(c.EndpointTTL)
+	def := func(p *time.Duration, d time.Duration) {
+		if *p == 0 {
+			*p = d
+		}
+	}
+	def(&c.Lease, 30*time.Second)
+	def(&c.TTL, 24*time.Hour)
+	def(&c.ClaimWait, 2*time.Second)
+	def(&c.ClockSkew, time.Second)
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 4 << 20
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: pgstore: "+format, append([]any{contract.ErrInvalidOptions}, args...)...))
@@ -102,8 +122,14 @@ func (o *Options) withDefaults() (Options, error) {
 	if c.Lease < 0 {
 		bad("Lease %s is negative", c.Lease)
 	}
-	if c.TTL < 0 {
-		bad("TTL %s is negative", c.TTL)
+	checkTTL := func(name string, ttl time.Duration) {
+		if err := contract.CheckTTL(name, ttl, c.Lease); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	checkTTL("TTL", c.TTL)
+	for ep, ttl := range c.EndpointTTL {
+		checkTTL(fmt.Sprintf("EndpointTTL[%q]", ep), ttl)
 	}
 	if c.ClockSkew < 0 {
 		bad("ClockSkew %s is negative", c.ClockSkew)
@@ -111,40 +137,11 @@ func (o *Options) withDefaults() (Options, error) {
 	if c.ClaimWait < 0 {
 		bad("ClaimWait %s is negative", c.ClaimWait)
 	}
-	for ep, ttl := range c.EndpointTTL {
-		if ttl <= 0 {
-			bad("EndpointTTL[%q] %s must be positive", ep, ttl)
-		}
-	}
 	if c.MaxBodyBytes < 0 || c.MaxBodyBytes > maxBodyLimit {
 		bad("MaxBodyBytes %d is outside 0-%d", c.MaxBodyBytes, maxBodyLimit)
 	}
 	if c.Migrate > MigrateRefuse {
 		bad("Migrate %d is not a MigrateMode", c.Migrate)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return c, err
-	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	if c.Lease == 0 {
-		c.Lease = 30 * time.Second
-	}
-	if c.TTL == 0 {
-		c.TTL = 24 * time.Hour
-	}
-	if c.ClaimWait == 0 {
-		c.ClaimWait = 2 * time.Second
-	}
-	if c.ClockSkew == 0 {
-		c.ClockSkew = time.Second
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 4 << 20
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c, nil
+	return c, errors.Join(errs...)
 }

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkv/idem/pgstore"
@@ -57,7 +56,7 @@ The DSN may hold a password: no message repeats it.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	before, err := schemaVersions(ctx, *dsn)
+	before, err := pgstore.Applied(ctx, *dsn)
 	if err != nil {
 		fmt.Fprintf(stderr, "idem migrate: %s: %v\n", where, err)
 		return 1
@@ -82,67 +81,22 @@ The DSN may hold a password: no message repeats it.
 		fmt.Fprintf(stderr, "idem migrate: closing the store: %v\n", err)
 		return 1
 	}
-	after, err := schemaVersions(ctx, *dsn)
+	after, err := pgstore.Applied(ctx, *dsn)
 	if err != nil {
 		fmt.Fprintf(stderr, "idem migrate: %s: %v\n", where, err)
 		return 1
 	}
 	for _, m := range after {
-		if !slices.ContainsFunc(before, func(b schemaMigration) bool { return b.version == m.version }) {
-			fmt.Fprintf(stdout, "applied migration %d (%s)\n", m.version, m.name)
+		if !slices.Contains(before, m) {
+			fmt.Fprintf(stdout, "applied migration %d (%s)\n", m.Version, m.Name)
 		}
 	}
 	version := 0
 	if len(after) > 0 {
-		version = after[len(after)-1].version
+		version = after[len(after)-1].Version
 	}
 	fmt.Fprintf(stdout, "%s is at schema version %d, up to date\n", upper(where), version)
 	return 0
-}
-
-// schemaMigration is one row of the table in which pgstore records the
-// migrations it applied (its package doc names it).
-type schemaMigration struct {
-	version int
-	name    string
-}
-
-// schemaVersions reads the migrations applied to the database dsn names,
-// in order, without creating anything: none when it has no idem schema.
-func schemaVersions(ctx context.Context, dsn string) ([]schemaMigration, error) {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		// pgx's connect errors name the user and the database; only the
-		// cause is shown.
-		var ce *pgconn.ConnectError
-		if errors.As(err, &ce) && errors.Unwrap(ce) != nil {
-			return nil, fmt.Errorf("cannot connect: %w", errors.Unwrap(ce))
-		}
-		return nil, errors.New("cannot connect")
-	}
-	defer conn.Close(context.Background())
-	var exists bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass('idem_schema_migrations') IS NOT NULL").Scan(&exists); err != nil {
-		return nil, fmt.Errorf("reading the schema version: %w", err)
-	}
-	if !exists {
-		return nil, nil
-	}
-	rows, err := conn.Query(ctx, "SELECT version, name FROM idem_schema_migrations ORDER BY version")
-	if err != nil {
-		return nil, fmt.Errorf("reading the schema version: %w", err)
-	}
-	ms, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (schemaMigration, error) {
-		var m schemaMigration
-		var v int32
-		err := r.Scan(&v, &m.name)
-		m.version = int(v)
-		return m, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading the schema version: %w", err)
-	}
-	return ms, nil
 }
 
 // upper capitalises the first letter of s, for where at the start of a

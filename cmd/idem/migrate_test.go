@@ -50,7 +50,7 @@ func TestMigrateFailures(t *testing.T) {
 		{"no store", nil, 2, "--store is required"},
 		{"argument", []string{"--store", down, "now"}, 2, `unexpected argument "now"`},
 		{"bad DSN", []string{"--store", "postgres://app:" + pgPassword + "@h:p:x/appdb"}, 2, "not a PostgreSQL connection string"},
-		{"unreachable", []string{"--store", down}, 1, "idem migrate: the PostgreSQL store at 127.0.0.1:1: cannot connect"},
+		{"unreachable", []string{"--store", down}, 1, "idem migrate: the PostgreSQL store at 127.0.0.1:1: pgstore: connect: cannot connect"},
 		{"unreachable check", []string{"--store", down, "--check"}, 1, "cannot connect"},
 		{"help", []string{"--help"}, 0, "usage: idem migrate"},
 	}

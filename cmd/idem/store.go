@@ -187,13 +187,18 @@ func (s *storeFlags) pgOpenFailed(name string, err error, stderr io.Writer) int 
 	return 1
 }
 
-// schemaDetail is what an ErrSchemaBehind says beyond its sentinel: the
-// version this build needs and the versions missing, without the hint
-// meant for programs that call pgstore.Open.
+// schemaDetail says which schema version this build needs and which
+// versions the database lacks.
 func schemaDetail(err error) string {
-	msg := strings.TrimPrefix(err.Error(), pgstore.ErrSchemaBehind.Error()+": ")
-	msg, _, _ = strings.Cut(msg, " (open with")
-	return msg
+	var sb *pgstore.SchemaBehindError
+	if !errors.As(err, &sb) {
+		return err.Error()
+	}
+	missing := make([]string, len(sb.Missing))
+	for i, v := range sb.Missing {
+		missing[i] = strconv.Itoa(v)
+	}
+	return fmt.Sprintf("this build needs schema version %d; the database lacks version %s", sb.Need, strings.Join(missing, ", "))
 }
 
 // sweepInterval is how often serve and proxy sweep a PostgreSQL store, as
