@@ -276,12 +276,20 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
+// upstreamIdleConns is how many idle connections to the upstream the proxy
+// keeps: enough for the concurrency one proxy serves.
+const upstreamIdleConns = 256
+
 // newProxyHandler forwards to target, streaming the response back. Its
 // own problems are typed under problemBase.
 func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string, log *slog.Logger) http.Handler {
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // the upstream is a neighbour, not something behind HTTP_PROXY
+	// Every request goes to the one upstream host. net/http keeps two idle
+	// connections per host by default, so under concurrency most requests
+	// would dial anew and leave a socket in TIME_WAIT behind them.
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = upstreamIdleConns, upstreamIdleConns
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dialer.DialContext(ctx, network, addr)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -426,6 +427,34 @@ func TestProxyConcurrent(t *testing.T) {
 	close(u.release)
 	assert.Equal(t, http.StatusCreated, (<-replies).status)
 	assert.Equal(t, 1, u.count(auth, key))
+}
+
+// TestProxyReusesUpstreamConnections: concurrent requests keep their
+// connections to the upstream for the next ones, instead of opening one
+// per request and leaving sockets in TIME_WAIT.
+func TestProxyReusesUpstreamConnections(t *testing.T) {
+	u := newUpstream(t)
+	var opened atomic.Int32
+	u.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	u.Start()
+	p := startProxy(t, u)
+	const callers, rounds = 8, 5
+	for range rounds {
+		var wg sync.WaitGroup
+		for range callers {
+			wg.Go(func() {
+				r, err := trySend(context.Background(), "POST", p.url+"/pay", `{"amount": 4200}`, keyed(newKey())...)
+				assert.NoError(t, err)
+				assert.Equal(t, http.StatusCreated, r.status, "%s", r.body)
+			})
+		}
+		wg.Wait()
+	}
+	assert.LessOrEqual(t, int(opened.Load()), 2*callers, "connections opened to the upstream for %d requests", callers*rounds)
 }
 
 // TestProxyUpstreamDown: a request that never reached the upstream frees
