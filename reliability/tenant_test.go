@@ -19,8 +19,11 @@ import (
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
+	pubidemtest "github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/crashtest"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/internal/pgtest"
+	"github.com/idemkv/idem/pgstore"
 )
 
 // Tenants and endpoints chosen so that naive encodings collide: one tenant
@@ -53,34 +56,71 @@ type heldLease struct {
 // TestTenantIsolationProperty runs random sequences of every operation
 // that reads or writes a record (Claim, Complete, Release, MarkUnknown,
 // TakeOver, Get, Records by tenant and endpoint, Sweep) over scopes that
-// share keys across tenants, against a model kept per full scope. Every
-// answer must match the model; in particular no tenant ever gets a lease,
-// a replay, a record or a listing entry that belongs to another, and a
-// key one tenant spent never refuses another.
+// share keys across tenants, against a model kept per full scope, on the
+// embedded store and on PostgreSQL. Every answer must match the model; in
+// particular no tenant ever gets a lease, a replay, a record or a listing
+// entry that belongs to another, and a key one tenant spent never refuses
+// another.
 func TestTenantIsolationProperty(t *testing.T) {
-	const sequences, steps = 200, 300
-	ops := 0
-	for seq := range sequences {
-		seed := uint64(time.Now().UnixNano()) + uint64(seq)
-		ok := t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			ops += runIsolationSequence(t, rand.New(rand.NewPCG(seed, 2)), steps)
-		})
-		if !ok {
-			break
-		}
+	stores := []struct {
+		name      string
+		sequences int
+		// sep joins names into colliding ones: NUL where the store takes
+		// it, and for PostgreSQL, whose text refuses NUL, the byte after.
+		sep  string
+		open func(t *testing.T) (contract.Operator, *pubidemtest.Clock)
+	}{
+		{"embedded", 200, "\x00", func(t *testing.T) (contract.Operator, *pubidemtest.Clock) {
+			db, clock := idemtest.Open(t, &idem.Options{Lease: isoLease, TTL: isoTTL, Logger: quietLogger()})
+			return db, clock
+		}},
+		// Each sequence gets a database of its own, which costs more.
+		{"postgres", 40, "\x01", func(t *testing.T) (contract.Operator, *pubidemtest.Clock) {
+			clock := pubidemtest.NewClock()
+			s, err := pgstore.Open(t.Context(), pgtest.DSN(t), &pgstore.Options{Lease: isoLease, TTL: isoTTL, Now: clock.Now, Logger: quietLogger()})
+			require.NoError(t, err)
+			t.Cleanup(func() { s.Close() })
+			return s, clock
+		}},
 	}
-	t.Logf("tenant isolation: %d sequences, %d operations, no cross-tenant answer", sequences, ops)
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			ops := 0
+			for seq := range st.sequences {
+				seed := uint64(time.Now().UnixNano()) + uint64(seq)
+				ok := t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+					db, clock := st.open(t)
+					ops += runIsolationSequence(t, rand.New(rand.NewPCG(seed, 2)), isoSteps, db, clock, st.sep)
+				})
+				if !ok {
+					break
+				}
+			}
+			t.Logf("tenant isolation: %d sequences, %d operations, no cross-tenant answer", st.sequences, ops)
+		})
+	}
 }
 
-func runIsolationSequence(t *testing.T, rng *rand.Rand, steps int) int {
-	const lease, ttl = 30 * time.Second, time.Hour
-	db, clock := idemtest.Open(t, &idem.Options{Lease: lease, TTL: ttl, Logger: quietLogger()})
+// The property test's lease and TTL, and the length of one sequence.
+const (
+	isoLease, isoTTL = 30 * time.Second, time.Hour
+	isoSteps         = 300
+)
+
+func runIsolationSequence(t *testing.T, rng *rand.Rand, steps int, db contract.Operator, clock *pubidemtest.Clock, sep string) int {
+	tenants, keys := make([]string, len(isoTenants)), make([]string, len(isoKeys))
+	for i, v := range isoTenants {
+		tenants[i] = strings.ReplaceAll(v, "\x00", sep)
+	}
+	for i, v := range isoKeys {
+		keys[i] = strings.ReplaceAll(v, "\x00", sep)
+	}
 	ctx := context.Background()
 	model := map[idem.Scope]*modelRecord{}
 	var held []heldLease
 	claims := 0
 	pick := func() idem.Scope {
-		return idem.Scope{Tenant: isoTenants[rng.IntN(len(isoTenants))], Endpoint: isoEndpoints[rng.IntN(len(isoEndpoints))], Key: isoKeys[rng.IntN(len(isoKeys))]}
+		return idem.Scope{Tenant: tenants[rng.IntN(len(tenants))], Endpoint: isoEndpoints[rng.IntN(len(isoEndpoints))], Key: keys[rng.IntN(len(keys))]}
 	}
 	live := func(s idem.Scope) *modelRecord {
 		m := model[s]
@@ -135,7 +175,11 @@ func runIsolationSequence(t *testing.T, rng *rand.Rand, steps int) int {
 				require.NotNil(t, l)
 				require.Equal(t, s, l.Scope(), "a lease for the scope asked, no other")
 				claims++
-				model[s] = &modelRecord{claim: claims, state: idem.StateInProgress, fp: fp, leaseUntil: now.Add(lease), expiresAt: now.Add(ttl)}
+				// The times are the store's own: a store may add a margin.
+				r := l.Record()
+				require.False(t, r.LeaseUntil.Before(now.Add(isoLease)), "a lease shorter than asked")
+				require.False(t, r.ExpiresAt.Before(now.Add(isoTTL)), "a TTL shorter than asked")
+				model[s] = &modelRecord{claim: claims, state: idem.StateInProgress, fp: fp, leaseUntil: r.LeaseUntil, expiresAt: r.ExpiresAt}
 				held = append(held, heldLease{l, s, claims})
 			case m.fp != fp:
 				require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "%+v", s)
@@ -176,7 +220,7 @@ func runIsolationSequence(t *testing.T, rng *rand.Rand, steps int) int {
 				require.NoError(t, err, "%+v", s)
 				require.Equal(t, s, l.Scope())
 				claims++
-				m.claim, m.state, m.leaseUntil = claims, idem.StateInProgress, clock.Now().Add(lease)
+				m.claim, m.state, m.leaseUntil = claims, idem.StateInProgress, l.Record().LeaseUntil
 				held = append(held, heldLease{l, s, claims})
 			}
 		case op < 8: // read one record
@@ -215,7 +259,7 @@ func runIsolationSequence(t *testing.T, rng *rand.Rand, steps int) int {
 			}
 			require.Equal(t, want, got)
 		default: // time passes; sometimes past leases, sometimes past the TTL
-			clock.Advance([]time.Duration{time.Second, lease, 20 * time.Minute}[rng.IntN(3)])
+			clock.Advance([]time.Duration{time.Second, isoLease, 20 * time.Minute}[rng.IntN(3)])
 			if rng.IntN(2) == 0 {
 				_, err := db.Sweep(ctx)
 				require.NoError(t, err)
