@@ -11,25 +11,22 @@ import (
 // holds many row locks or runs long.
 const sweepBatch = 1000
 
-// sweepSQL deletes up to $2 records expired by $1. The outer condition on
-// expires_at is checked again on the row as it is when locked, so a
-// record a claim took over meanwhile is kept. Rows locked by a
-// transaction still open, such as a ClaimTx taking over an expired
-// record, are skipped rather than waited for.
+// sweepSQL deletes up to $2 records expired by $1, found on the
+// expires_at index and deleted by their row addresses. The outer
+// condition on expires_at is checked again on the row as it is when
+// locked, so a record a claim took over meanwhile is kept. Rows locked by
+// a transaction still open, such as a ClaimTx taking over an expired
+// record, are skipped rather than waited for. It returns what the events
+// and the byte count need of each record, and no more.
 const sweepSQL = `
 DELETE FROM idempotency_keys
-WHERE (tenant, endpoint, idem_key) IN (
-	SELECT tenant, endpoint, idem_key FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2
-	FOR UPDATE SKIP LOCKED)
+WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2
+	FOR UPDATE SKIP LOCKED))
 	AND expires_at <= $1
-RETURNING ` + columnsNoBody + `,
+RETURNING tenant, endpoint, idem_key, fingerprint, state, coalesce(response_status, 0), attempts,
 	octet_length(tenant) + octet_length(endpoint) + octet_length(idem_key)
 	+ coalesce(octet_length(response_body), 0) + coalesce(octet_length(response_headers::text), 0)`
-
-// columnsNoBody are columns with the body left out.
-const columnsNoBody = `tenant, endpoint, idem_key, fingerprint, state, response_status,
-	response_headers, NULL::bytea, body_len, body_digest, body_omitted,
-	lease_token, lease_until, attempts, created_at, updated_at, expires_at`
 
 // Sweep deletes every record that has expired by now, in batches of a
 // thousand. One replica sweeps at a time: a Sweep that finds another
@@ -96,13 +93,20 @@ func (s *Store) sweep(ctx context.Context, progress func(contract.CompactProgres
 		var swept []contract.Record
 		var bytes int64
 		for rows.Next() {
-			var size int64
-			r, err := scanRecord(rows, &size)
-			if err != nil {
+			var (
+				rec           contract.Record
+				fp            []byte
+				state         int16
+				status, tries int32
+				size          int64
+			)
+			if err := rows.Scan(&rec.Scope.Tenant, &rec.Scope.Endpoint, &rec.Scope.Key, &fp, &state, &status, &tries, &size); err != nil {
 				rows.Close()
 				return res, s.fail("sweep", err)
 			}
-			swept = append(swept, r.rec)
+			copy(rec.Fingerprint[:], fp)
+			rec.State, rec.Response.Status, rec.Attempts = contract.State(state), int(status), uint32(tries)
+			swept = append(swept, rec)
 			bytes += size
 		}
 		rows.Close()
