@@ -147,7 +147,7 @@ func UnaryServerInterceptor(o Options) (grpc.UnaryServerInterceptor, error) {
 	}
 	m := &interceptor{required: map[string]bool{}}
 	for _, name := range o.Required {
-		if svc, meth, ok := strings.Cut(strings.TrimPrefix(name, "/"), "/"); !ok || name[0] != '/' || svc == "" || meth == "" || strings.Contains(meth, "/") {
+		if !isFullMethod(name) {
 			bad("Options.Required: %q is not a full method name (/pkg.Service/Method)", name)
 		}
 		m.required[name] = true
@@ -175,6 +175,14 @@ func UnaryServerInterceptor(o Options) (grpc.UnaryServerInterceptor, error) {
 	}
 	m.opts = o
 	return m.intercept, nil
+}
+
+// isFullMethod reports whether name has the form of a full method name,
+// "/pkg.Service/Method", as grpc.UnaryServerInfo spells it.
+func isFullMethod(name string) bool {
+	rest, ok := strings.CutPrefix(name, "/")
+	svc, meth, _ := strings.Cut(rest, "/")
+	return ok && svc != "" && meth != "" && !strings.Contains(meth, "/")
 }
 
 func (m *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
