@@ -6,6 +6,8 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+
+	"github.com/idemkv/idem/contract"
 )
 
 var (
@@ -41,9 +43,28 @@ func (m *middleware) readKey(r *http.Request) (string, error) {
 	return m.parseKey(raw[0])
 }
 
+// ParseKey reads an idempotency key field value under the middleware's
+// default rules: a bare token or an RFC 8941 sf-string Item, of 1 to 255
+// characters of DefaultKeyAlphabet. Other transports of the contract
+// (idemgrpc) use it, so that a key is valid on every transport or on none.
+func ParseKey(v string) (string, error) {
+	return parseKey(v, &defaultAlphabet, contract.MaxKeyBytes, DefaultKeyAlphabet)
+}
+
+var defaultAlphabet = func() (a [256]bool) {
+	for i := 0; i < len(DefaultKeyAlphabet); i++ {
+		a[DefaultKeyAlphabet[i]] = true
+	}
+	return a
+}()
+
+func (m *middleware) parseKey(v string) (string, error) {
+	return parseKey(v, &m.alphabet, m.opts.MaxKeyLength, m.opts.KeyAlphabet)
+}
+
 // parseKey accepts a bare token or an RFC 8941 sf-string, then checks the
 // key's length and alphabet.
-func (m *middleware) parseKey(v string) (string, error) {
+func parseKey(v string, alphabet *[256]bool, maxLen int, alphabetText string) (string, error) {
 	v = strings.Trim(v, " \t")
 	key := v
 	if strings.HasPrefix(v, `"`) {
@@ -55,12 +76,12 @@ func (m *middleware) parseKey(v string) (string, error) {
 	switch {
 	case key == "":
 		return "", errors.New("the idempotency key is empty")
-	case len(key) > m.opts.MaxKeyLength:
-		return "", errors.New("the idempotency key is longer than " + strconv.Itoa(m.opts.MaxKeyLength) + " characters")
+	case len(key) > maxLen:
+		return "", errors.New("the idempotency key is longer than " + strconv.Itoa(maxLen) + " characters")
 	}
 	for i := 0; i < len(key); i++ {
-		if !m.alphabet[key[i]] {
-			return "", errors.New("the idempotency key has a character outside " + m.opts.KeyAlphabet)
+		if !alphabet[key[i]] {
+			return "", errors.New("the idempotency key has a character outside " + alphabetText)
 		}
 	}
 	return key, nil

@@ -1,0 +1,351 @@
+package idemgrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem/idemhttp"
+)
+
+// Metadata fields of the contract over gRPC.
+const (
+	// MetadataKey carries the idempotency key in the request metadata.
+	MetadataKey = "idempotency-key"
+	// MetadataReplayed is "true" in the response header of an answer
+	// replayed from the store instead of run again.
+	MetadataReplayed = "idempotent-replayed"
+)
+
+// DefaultDomain is the ErrorInfo domain of every refusal unless
+// Options.Domain says otherwise.
+const DefaultDomain = "github.com/idemkv/idem"
+
+// Options configure the interceptor. Store and Tenant are required; every
+// other zero value selects the default given in its comment.
+type Options struct {
+	// Store keeps the records: the embedded store (idem.Open) or any
+	// other backend of the contract. Required.
+	Store contract.Store
+
+	// Tenant returns the authenticated caller a call belongs to, from its
+	// metadata or its credentials (peer.FromContext): keys are scoped by
+	// it, so one tenant can never see another's answers. An error refuses
+	// the call with Unauthenticated. A service whose callers may share
+	// answers returns "" for all of them, and so says that it means it.
+	// Required.
+	Tenant func(ctx context.Context) (string, error)
+
+	// Required lists the full method names ("/pkg.Service/Method") whose
+	// calls must carry a key. A call of any other unary method is
+	// protected when it carries a key and passes straight through when it
+	// does not. Default: none.
+	Required []string
+
+	// Wait is how long a retry that finds its key in progress waits for
+	// the first call to finish before it is refused with Aborted. The
+	// first call's end wakes it, and the retry then gets the replay.
+	// Default: 0, refuse at once.
+	Wait time.Duration
+
+	// MismatchCode is the code for a key reused with another request.
+	// Default: codes.FailedPrecondition.
+	MismatchCode codes.Code
+
+	// Outcome decides what becomes of a key whose handler returned an
+	// error. Default: DefaultOutcome.
+	Outcome func(fullMethod string, err error) Outcome
+
+	// Domain is the ErrorInfo domain of every refusal. Default:
+	// DefaultDomain.
+	Domain string
+
+	// Logger receives failures to claim and to store outcomes.
+	// Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Outcome is what becomes of a key whose handler returned an error.
+type Outcome uint8
+
+const (
+	// OutcomeStore keeps the error's status as the answer: every retry
+	// gets it again.
+	OutcomeStore Outcome = iota + 1
+	// OutcomeRelease frees the key: nothing was committed, and a retry
+	// runs the handler again.
+	OutcomeRelease
+	// OutcomeUnknown records that the operation may have taken effect:
+	// retries are refused with outcome_pending until someone resolves it.
+	OutcomeUnknown
+)
+
+// DefaultOutcome releases the key after an error that matches
+// contract.ErrNoEffect, records unknown after Unknown, Canceled and
+// DeadlineExceeded (and any error without a status, which gRPC sends as
+// Unknown), and stores every other status as the answer.
+func DefaultOutcome(fullMethod string, err error) Outcome {
+	if errors.Is(err, contract.ErrNoEffect) {
+		return OutcomeRelease
+	}
+	switch statusOf(err).Code() {
+	case codes.Unknown, codes.Canceled, codes.DeadlineExceeded:
+		return OutcomeUnknown
+	}
+	return OutcomeStore
+}
+
+// NoEffect marks err, a handler's error, as one after which the operation
+// provably took no effect (it failed a check before changing anything), so
+// that DefaultOutcome releases the key. The client still gets err's status.
+func NoEffect(err error) error { return noEffect{err} }
+
+type noEffect struct{ err error }
+
+func (e noEffect) Error() string              { return e.err.Error() }
+func (e noEffect) Unwrap() []error            { return []error{e.err, contract.ErrNoEffect} }
+func (e noEffect) GRPCStatus() *status.Status { return statusOf(e.err) }
+
+// statusOf returns err's status as the gRPC server sends it.
+func statusOf(err error) *status.Status {
+	if s, ok := status.FromError(err); ok {
+		return s
+	}
+	return status.FromContextError(err)
+}
+
+// interceptor is the validated configuration behind the interceptor.
+type interceptor struct {
+	opts     Options
+	required map[string]bool
+}
+
+// UnaryServerInterceptor validates o and returns the interceptor. Install
+// it with grpc.ChainUnaryInterceptor, after the interceptors that
+// authenticate the caller, since Options.Tenant reads what they found.
+func UnaryServerInterceptor(o Options) (grpc.UnaryServerInterceptor, error) {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("idemgrpc: "+format, args...)) }
+	if o.Store == nil {
+		bad("Options.Store is required")
+	}
+	if o.Tenant == nil {
+		bad("Options.Tenant is required: keys must be scoped by the authenticated caller")
+	}
+	m := &interceptor{required: map[string]bool{}}
+	for _, name := range o.Required {
+		if !isFullMethod(name) {
+			bad("Options.Required: %q is not a full method name (/pkg.Service/Method)", name)
+		}
+		m.required[name] = true
+	}
+	if o.Wait < 0 {
+		bad("Options.Wait %s must not be negative", o.Wait)
+	}
+	if o.MismatchCode == codes.OK {
+		o.MismatchCode = codes.FailedPrecondition
+	}
+	if o.MismatchCode > codes.Unauthenticated {
+		bad("Options.MismatchCode %d is not a gRPC code", o.MismatchCode)
+	}
+	if o.Outcome == nil {
+		o.Outcome = DefaultOutcome
+	}
+	if o.Domain == "" {
+		o.Domain = DefaultDomain
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	m.opts = o
+	return m.intercept, nil
+}
+
+// isFullMethod reports whether name has the form of a full method name,
+// "/pkg.Service/Method", as grpc.UnaryServerInfo spells it.
+func isFullMethod(name string) bool {
+	rest, ok := strings.CutPrefix(name, "/")
+	svc, meth, _ := strings.Cut(rest, "/")
+	return ok && svc != "" && meth != "" && !strings.Contains(meth, "/")
+}
+
+func (m *interceptor) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	keys := md.Get(MetadataKey)
+	if len(keys) == 0 && !m.required[info.FullMethod] {
+		return handler(ctx, req)
+	}
+	switch {
+	case len(keys) == 0:
+		return nil, m.problem(codes.InvalidArgument, contract.CodeKeyMissing, "no idempotency key", 0, nil)
+	case len(keys) > 1:
+		return nil, m.problem(codes.InvalidArgument, contract.CodeKeyInvalid, "the idempotency key is sent more than once", 0, nil)
+	}
+	key, err := idemhttp.ParseKey(keys[0])
+	if err != nil {
+		return nil, m.problem(codes.InvalidArgument, contract.CodeKeyInvalid, err.Error(), 0, nil)
+	}
+	tenant, err := m.opts.Tenant(ctx)
+	if err == nil && len(tenant) > contract.MaxTenantBytes {
+		// Checked here, not left to the store, so that the client hears
+		// about its credential rather than about its key.
+		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), contract.MaxTenantBytes)
+	}
+	if err != nil {
+		return nil, m.problem(codes.Unauthenticated, contract.CodeTenantMissing, err.Error(), 0, nil)
+	}
+	msg, ok := req.(proto.Message)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "idemgrpc: the request of %s is a %T, not a protocol buffer message", info.FullMethod, req)
+	}
+	fp, err := Fingerprint(info.FullMethod, msg)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	scope := contract.Scope{Tenant: tenant, Endpoint: info.FullMethod, Key: key}
+
+	lease, replay, err := m.opts.Store.Claim(ctx, scope, fp)
+	if errors.Is(err, contract.ErrInProgress) && m.opts.Wait > 0 {
+		wctx, cancel := context.WithTimeout(ctx, m.opts.Wait)
+		werr := m.opts.Store.Wait(wctx, scope)
+		cancel()
+		if werr == nil {
+			lease, replay, err = m.opts.Store.Claim(ctx, scope, fp)
+		}
+	}
+	switch {
+	case err != nil:
+		return nil, m.refuse(err)
+	case replay != nil:
+		return m.replay(ctx, replay)
+	default:
+		return m.execute(ctx, req, info, handler, lease)
+	}
+}
+
+// refuse answers a claim that did not get the key.
+func (m *interceptor) refuse(err error) error {
+	var ke *contract.KeyError
+	switch {
+	case errors.Is(err, contract.ErrFingerprintMismatch):
+		return m.problem(m.opts.MismatchCode, contract.CodeKeyReuse,
+			"this idempotency key was used for a different request; use a new key for a new operation", 0, nil)
+	case errors.Is(err, contract.ErrInProgress) && errors.As(err, &ke):
+		return m.problem(codes.Aborted, contract.CodeInProgress,
+			"a call with this idempotency key is still being processed; retry with the same key", max(ke.RetryAfter, time.Millisecond), nil)
+	case errors.Is(err, contract.ErrOutcomePending):
+		return m.problem(codes.FailedPrecondition, contract.CodeOutcomePending,
+			"an earlier attempt with this idempotency key has an outcome that is not known yet; it must be resolved first", 0, nil)
+	case errors.Is(err, contract.ErrInvalidScope):
+		return m.problem(codes.InvalidArgument, contract.CodeKeyInvalid, err.Error(), 0, nil)
+	default:
+		m.opts.Logger.Error("idemgrpc: claim failed", "err", err)
+		return m.problem(codes.Unavailable, contract.CodeStoreUnavailable,
+			"the idempotency store is unavailable; retry with the same key", time.Second, nil)
+	}
+}
+
+// execute runs the handler under the lease and stores its outcome before
+// the answer leaves: a client must never hold an answer that its retries
+// cannot get back.
+func (m *interceptor) execute(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, lease contract.Lease) (any, error) {
+	// A client that gives up must not cancel the operation: its retry
+	// should find the finished answer, not a half-done one.
+	keep := context.WithoutCancel(ctx)
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		// The handler panicked, or ended its goroutine, after it may have
+		// done anything.
+		p := recover()
+		m.end(lease, lease.MarkUnknown(keep))
+		if p != nil {
+			panic(p)
+		}
+	}()
+	resp, herr := handler(keep, req)
+	returned = true
+	if herr != nil {
+		switch m.opts.Outcome(info.FullMethod, herr) {
+		case OutcomeRelease:
+			m.end(lease, lease.Release(keep))
+			return nil, herr
+		case OutcomeStore:
+		default:
+			m.end(lease, lease.MarkUnknown(keep))
+			return nil, herr
+		}
+	}
+	answer, err := encode(resp, herr)
+	if err != nil {
+		// The operation ran, but its answer cannot be kept, nor sent.
+		m.end(lease, lease.MarkUnknown(keep))
+		return nil, status.Errorf(codes.Internal, "idemgrpc: %s: %v", info.FullMethod, err)
+	}
+	if err := lease.Complete(keep, answer); err != nil {
+		m.end(lease, err)
+		// Sending the answer would let the client hold what its retry
+		// cannot get back; the retry is refused until the record is
+		// reconciled, and never runs the operation again.
+		return nil, m.problem(codes.Unavailable, contract.CodeStoreUnavailable,
+			"the call ran but its outcome could not be stored; retry with the same key, it will not run twice", time.Second, nil)
+	}
+	return resp, herr
+}
+
+// end logs an outcome that could not be stored. The record stays in
+// progress and is found by reconciliation: never re-run blindly.
+func (m *interceptor) end(lease contract.Lease, err error) {
+	if err != nil {
+		s := lease.Scope()
+		m.opts.Logger.Error("idemgrpc: storing the outcome failed; the record stays in progress until reconciled",
+			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", contract.KeyHash(s.Key), "err", err)
+	}
+}
+
+// replay answers with the stored answer and marks it replayed.
+func (m *interceptor) replay(ctx context.Context, rec *contract.Record) (any, error) {
+	// It fails only outside a gRPC server, where there is no header to set.
+	_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
+	if rec.BodyOmitted {
+		return nil, m.problem(codes.FailedPrecondition, contract.CodeResponseBodyOmitted,
+			fmt.Sprintf("the call ran, but its answer (%d bytes) was too large to keep, so it cannot be sent again; "+
+				"do not repeat the operation under a new key: it would run again", rec.BodyLen),
+			0, map[string]string{"original_code": originalCode(rec.Response)})
+	}
+	return decode(rec)
+}
+
+// problem returns a refusal: a status with code c and an ErrorInfo whose
+// reason is the contract's problem code, and, when retry is positive, a
+// RetryInfo.
+func (m *interceptor) problem(c codes.Code, reason, msg string, retry time.Duration, meta map[string]string) error {
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: m.opts.Domain, Metadata: meta}}
+	if retry > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retry)})
+	}
+	st, err := status.New(c, msg).WithDetails(details...)
+	if err != nil {
+		// Only an OK code has no room for details, and no refusal is OK.
+		panic(err)
+	}
+	return st.Err()
+}
