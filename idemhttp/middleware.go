@@ -7,6 +7,11 @@
 // key gets 400. Every refusal is an RFC 9457 problem document with a
 // stable code and a type of its own, Options.ProblemBase followed by the
 // code, which the answer links to as its documentation.
+//
+// Every answer is stored by default, errors included. Options.Outcomes
+// names the statuses that free the key instead (nothing was committed) or
+// leave its outcome unknown, and a handler may say so itself with
+// Release, MarkUnknown or Keep.
 package idemhttp
 
 import (
@@ -101,6 +106,13 @@ type Options struct {
 	// anchor per code. Default: DefaultProblemBase, idem's README.
 	ProblemBase string
 
+	// Outcomes says which of the handler's statuses free the key or leave
+	// its outcome unknown instead of being stored, when the handler does
+	// not say itself (Release, MarkUnknown, Keep). Default: every response
+	// is stored and replayed, errors included, as Stripe does: a retry
+	// gets what the first attempt got.
+	Outcomes OutcomePolicy
+
 	// Logger receives failures to store outcomes. Default: slog.Default().
 	Logger *slog.Logger
 
@@ -109,6 +121,22 @@ type Options struct {
 	// metrics such as the replay ratio and the 409 and 422 rates. It runs
 	// on the request's goroutine, so it must be quick. Default: none.
 	Observe func(Observation)
+}
+
+// OutcomePolicy says, by status, which responses do not become the key's
+// answer. A status it does not list is stored and replayed. The zero value
+// stores every response. A status may be in one list only.
+type OutcomePolicy struct {
+	// Release lists statuses that mean nothing was committed (429 Too Many
+	// Requests, a 503 from a load shedder): the response reaches the client
+	// but is not stored, and the key is freed, so a retry runs the handler
+	// again.
+	Release []int
+	// Unknown lists statuses after which the operation may or may not have
+	// taken effect (a 504 from a gateway in front of it): the response
+	// reaches the client, the record becomes unknown, and retries get 409
+	// outcome_pending until it is resolved.
+	Unknown []int
 }
 
 // Observation is what the middleware did with one request.
@@ -141,6 +169,8 @@ type middleware struct {
 	headers   []string
 	methods   map[string]bool
 	alphabet  [256]bool
+	release   map[int]bool // Outcomes.Release
+	unknown   map[int]bool // Outcomes.Unknown
 }
 
 // New validates o and returns the middleware. Wrap each route's handler
@@ -193,7 +223,8 @@ func newMiddleware(o Options) (*middleware, error) {
 		o.ProblemBase = DefaultProblemBase
 	}
 	names := append([]string{o.Header}, o.Aliases...)
-	m := &middleware{opts: o, headers: canonicalNames(names), methods: map[string]bool{}}
+	m := &middleware{opts: o, headers: canonicalNames(names), methods: map[string]bool{},
+		release: map[int]bool{}, unknown: map[int]bool{}}
 	// Two spellings of one header would make every key arrive twice, and
 	// every request a 400 for a duplicate key.
 	for i, n := range m.headers {
@@ -238,6 +269,20 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
 		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
 	}
+	for _, st := range o.Outcomes.Release {
+		m.release[st] = true
+	}
+	for _, st := range o.Outcomes.Unknown {
+		if m.release[st] {
+			bad("Options.Outcomes: status %d is in both Release and Unknown", st)
+		}
+		m.unknown[st] = true
+	}
+	for _, st := range slices.Concat(o.Outcomes.Release, o.Outcomes.Unknown) {
+		if st < 200 || st > 999 {
+			bad("Options.Outcomes: status %d is not a final status (200 to 999)", st)
+		}
+	}
 	if u, err := url.Parse(o.ProblemBase); err != nil || !u.IsAbs() || strings.ContainsAny(o.ProblemBase, " <>\"") {
 		bad("Options.ProblemBase %q must be an absolute URI", o.ProblemBase)
 	}
@@ -264,7 +309,7 @@ func defaultEndpoint(r *http.Request) string {
 type ctxKey struct{}
 
 // outcome is how the handler told the middleware to treat its response.
-type outcome struct{ release, unknown bool }
+type outcome struct{ release, unknown, keep bool }
 
 // Release is the handler's Lease.Release: it tells the middleware that
 // the request committed nothing (it failed validation, say), so the key
@@ -280,12 +325,36 @@ func Release(r *http.Request) {
 // that the operation may or may not have taken effect (a downstream call
 // timed out after the request left), so the record becomes unknown and
 // retries get 409 outcome_pending until a reconciler or an operator
-// resolves it. It wins over Release. Calls outside the middleware do
-// nothing.
+// resolves it. It wins over Release and Keep. Calls outside the
+// middleware do nothing.
 func MarkUnknown(r *http.Request) {
 	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
 		o.unknown = true
 	}
+}
+
+// Keep tells the middleware to store the response and replay it to
+// retries, whatever Options.Outcomes says of its status: the handler knows
+// that this answer is final. Release and MarkUnknown win over it. Calls
+// outside the middleware do nothing.
+func Keep(r *http.Request) {
+	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
+		o.keep = true
+	}
+}
+
+// settle decides what becomes of the key once the handler answered with
+// status: what the handler said first, then Options.Outcomes.
+func (m *middleware) settle(out *outcome, status int) (release, unknown bool) {
+	switch {
+	case out.unknown:
+		return false, true
+	case out.release:
+		return true, false
+	case out.keep:
+		return false, false
+	}
+	return m.release[status], m.unknown[status]
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -563,16 +632,17 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	}()
 	next.ServeHTTP(rec, r.WithContext(ctx))
 	returned = true
+	status, header, body := rec.response()
+	release, unknown := m.settle(out, status)
 	switch {
 	case rec.hijacked:
 		m.end(lease, lease.MarkUnknown(storeCtx))
 		return OutcomeHijacked, 0
-	case out.unknown:
+	case unknown:
 		m.end(lease, lease.MarkUnknown(storeCtx))
-	case out.release:
+	case release:
 		m.end(lease, lease.Release(storeCtx))
 	default:
-		status, header, body := rec.response()
 		err := lease.Complete(storeCtx, contract.Response{Status: status, Header: header, Body: body})
 		m.end(lease, err)
 		if err != nil && rec.streaming {

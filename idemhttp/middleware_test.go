@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -375,6 +377,53 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 	assert.Equal(t, int64(3), e.app.runs.Load(), "an unknown outcome is never re-run")
 }
 
+// TestOutcomePolicy: the statuses Options.Outcomes lists free the key or
+// leave it unknown, every other one is stored, and the handler's own word
+// wins over the policy.
+func TestOutcomePolicy(t *testing.T) {
+	e := setup(t, idemhttp.Options{Outcomes: idemhttp.OutcomePolicy{Release: []int{429, 503}, Unknown: []int{504}}})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		status, _ := strconv.Atoi(r.Header.Get("X-Status"))
+		if r.Header.Get("X-Keep") != "" {
+			idemhttp.Keep(r)
+		}
+		w.WriteHeader(status)
+		fmt.Fprintf(w, "run %d", e.app.runs.Load())
+	}
+	send := func(key, status string, keep bool) (*http.Response, string) {
+		h := http.Header{"X-Status": {status}}
+		if keep {
+			h.Set("X-Keep", "1")
+		}
+		return e.callWith(h, "POST", "/v1/payments", "acme", pay, key)
+	}
+
+	resp, body := send("released", "429", false)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "run 1", body)
+	resp, body = send("released", "201", false)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode, "a released key runs again")
+	assert.Equal(t, "run 2", body)
+
+	send("unknown", "504", false)
+	resp, body = send("unknown", "201", false)
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	assert.Equal(t, contract.CodeOutcomePending, problem(t, resp, body).Code)
+
+	send("stored", "500", false)
+	resp, body = send("stored", "201", false)
+	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode, "a status the policy does not list is replayed")
+	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, "run 4", body)
+
+	send("kept", "503", true)
+	resp, body = send("kept", "201", false)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "Keep wins over the policy")
+	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, "run 5", body)
+	assert.Equal(t, int64(5), e.app.runs.Load())
+}
+
 func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
 	var seen []idemhttp.Observation
 	e := setup(t, idemhttp.Options{Observe: func(o idemhttp.Observation) { seen = append(seen, o) }})
@@ -521,10 +570,13 @@ func TestOptionsValidation(t *testing.T) {
 		Wait: -1, MismatchStatus: 500,
 		Canonical: idem.CanonicalOptions{Volatile: []string{"no-slash"}},
 		Aliases:   []string{"X-Idempotency-Key", "idempotency-key"},
+		Outcomes:  idemhttp.OutcomePolicy{Release: []int{429, 503}, Unknown: []int{503, 42}},
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `Options.Aliases: "idempotency-key" is the same header as "Idempotency-Key"`)
 	assert.NotContains(t, err.Error(), "X-Idempotency-Key")
+	assert.Contains(t, err.Error(), "status 503 is in both Release and Unknown")
+	assert.Contains(t, err.Error(), "status 42 is not a final status")
 	for _, want := range []string{"Methods", "KeyAlphabet", "MaxKeyLength", "Wait", "MismatchStatus", "Canonical"} {
 		assert.Contains(t, err.Error(), want)
 	}

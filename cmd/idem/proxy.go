@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,6 +37,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(&maxBody, "max-body", "largest request body, a `SIZE` in bytes or with a unit (512KiB, 1MiB); larger ones get 413")
 	maxStored := byteSize(4 << 20)
 	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
+	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
+	unknownStatus := fs.String("unknown-status", "", "upstream statuses after which the outcome is recorded unknown, since the upstream may or may not have acted: the answer reaches the client and retries get 409 outcome_pending until an operator resolves the key; a `LIST` like --release-status's (default none)")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz; port 0 picks a free one, empty turns it off")
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
@@ -44,7 +47,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR | --store DSN] [--listen ADDR]
                   [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
-                  [--max-body SIZE] [--max-stored-body SIZE] [--drain D]
+                  [--max-body SIZE] [--max-stored-body SIZE]
+                  [--release-status LIST] [--unknown-status LIST] [--drain D]
                   [--admin ADDR] [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
@@ -65,8 +69,10 @@ proxies in front of replicas of the upstream share them, a key claimed
 through one is in progress through all, and the operator tools run
 beside them. The proxy applies the schema's migrations when it starts.
 
-Every response the upstream gives is recorded, errors included. When the
-upstream cannot be reached at all the key is freed and the proxy answers
+Every response the upstream gives is recorded, errors included, unless
+--release-status or --unknown-status lists its status: then the answer
+reaches the client, and the key is freed (a retry runs again) or its
+outcome is recorded unknown. When the upstream cannot be reached at all the key is freed and the proxy answers
 502; when it fails or times out after the request was sent, the outcome is
 recorded unknown (retries get 409 outcome_pending until it is resolved)
 and the proxy answers 502 or 504.
@@ -117,6 +123,13 @@ key itself.
 	if len(methods) == 0 {
 		return usageErr("--require names no method")
 	}
+	var outcomes idemhttp.OutcomePolicy
+	if outcomes.Release, err = parseStatuses(*releaseStatus); err != nil {
+		return usageErr("--release-status: %v", err)
+	}
+	if outcomes.Unknown, err = parseStatuses(*unknownStatus); err != nil {
+		return usageErr("--unknown-status: %v", err)
+	}
 	if *drain <= 0 {
 		return usageErr("--drain %s must be positive", *drain)
 	}
@@ -160,6 +173,7 @@ key itself.
 		Methods:         methods,
 		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,
+		Outcomes:        outcomes,
 		ProblemBase:     *problemBase,
 		Logger:          log,
 		Observe:         adm.observer.Observe,
@@ -193,6 +207,33 @@ func parseUpstream(s string) (*url.URL, error) {
 		return nil, fmt.Errorf("--upstream %q must not have a query or fragment", s)
 	}
 	return u, nil
+}
+
+// parseStatuses reads a list of statuses: comma-separated codes (429),
+// classes (5xx) and ranges (500-504), each between 200 and 999.
+func parseStatuses(s string) ([]int, error) {
+	var out []int
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(item, "-")
+		if class, ok := strings.CutSuffix(item, "xx"); ok && len(class) == 1 && !isRange {
+			lo, hi = class+"00", class+"99"
+		} else if !isRange {
+			hi = lo
+		}
+		from, err1 := strconv.Atoi(lo)
+		to, err2 := strconv.Atoi(hi)
+		if err1 != nil || err2 != nil || len(lo) != 3 || len(hi) != 3 || from > to || from < 200 {
+			return nil, fmt.Errorf("%q is not a status (429), a class (5xx) or a range (500-504) of final statuses", item)
+		}
+		for st := from; st <= to; st++ {
+			out = append(out, st)
+		}
+	}
+	return out, nil
 }
 
 // parseTenantFrom turns --tenant-from into the middleware's Tenant func.
