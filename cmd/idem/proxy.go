@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -72,7 +73,10 @@ beside them. The proxy applies the schema's migrations when it starts.
 Every response the upstream gives is recorded, errors included, unless
 --release-status or --unknown-status lists its status: then the answer
 reaches the client, and the key is freed (a retry runs again) or its
-outcome is recorded unknown. When the upstream cannot be reached at all the key is freed and the proxy answers
+outcome is recorded unknown. The upstream may say it per answer with the
+response header Idempotency-Outcome: release, unknown or store (replay
+this answer whatever the lists say); the proxy removes the header before
+the client sees the answer. When the upstream cannot be reached at all the key is freed and the proxy answers
 502; when it fails or times out after the request was sent, the outcome is
 recorded unknown (retries get 409 outcome_pending until it is resolved)
 and the proxy answers 502 or 504.
@@ -340,7 +344,8 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 		// response; an upstream that echoes the key too would otherwise
 		// send it twice, and first answers would differ from replays.
 		ModifyResponse: func(res *http.Response) error {
-			for _, name := range []string{"Idempotency-Key", "Idempotent-Replayed", "Idempotent-Body-Omitted"} {
+			applyOutcome(res, log)
+			for _, name := range []string{contract.HeaderKey, contract.HeaderReplayed, contract.HeaderBodyOmitted, contract.HeaderOutcome} {
 				res.Header.Del(name)
 			}
 			return nil
@@ -366,6 +371,29 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 		defer cancel()
 		rp.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// applyOutcome tells the middleware what the upstream said of its answer
+// in contract.HeaderOutcome. The response's request is the one the proxy
+// sent, whose context carries the middleware's outcome. A value the proxy
+// does not know changes nothing: the status lists decide, as if the
+// upstream had said nothing.
+func applyOutcome(res *http.Response, log *slog.Logger) {
+	vs := res.Header.Values(contract.HeaderOutcome)
+	if len(vs) == 0 {
+		return
+	}
+	switch v := strings.ToLower(strings.TrimSpace(strings.Join(vs, ","))); v {
+	case "release":
+		idemhttp.Release(res.Request)
+	case "unknown":
+		idemhttp.MarkUnknown(res.Request)
+	case "store":
+		idemhttp.Keep(res.Request)
+	default:
+		log.Warn("idem proxy: the upstream's "+contract.HeaderOutcome+" is not release, unknown or store; ignored",
+			"method", res.Request.Method, "path", res.Request.URL.Path, "value", v)
+	}
 }
 
 // hideKeyFromTransport stores the idempotency key fields under their

@@ -590,6 +590,43 @@ func TestProxyOutcomePolicy(t *testing.T) {
 	assert.Equal(t, 1, u.count(auth, key))
 }
 
+// TestProxyUpstreamOutcomeHeader: the upstream's Idempotency-Outcome
+// overrides the status lists, and no client ever sees it.
+func TestProxyUpstreamOutcomeHeader(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u, "--release-status", "503")
+	said := func(key string, code int, outcome string) reply {
+		r := send(t, "POST", p.url+"/status", `{}`, append(keyed(key), "X-Status", strconv.Itoa(code), "X-Outcome", outcome)...)
+		assert.NotContains(t, r.header, "Idempotency-Outcome")
+		return r
+	}
+
+	key := newKey()
+	assert.Equal(t, http.StatusCreated, said(key, 201, "release").status)
+	assert.Empty(t, said(key, 201, "").header.Get("Idempotent-Replayed"), "released: the retry runs")
+	assert.Equal(t, 2, u.count(auth, key))
+
+	key = newKey()
+	said(key, 201, "Unknown")
+	assert.Equal(t, "outcome_pending", said(key, 201, "").code(t))
+
+	key = newKey()
+	said(key, 503, "store")
+	r := said(key, 201, "")
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "store wins over --release-status")
+	assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+
+	key = newKey()
+	said(key, 201, "later")
+	assert.Equal(t, "true", said(key, 201, "").header.Get("Idempotent-Replayed"), "a value the proxy does not know changes nothing")
+	assert.Contains(t, p.stderr.String(), "is not release, unknown or store; ignored")
+
+	r = send(t, "GET", p.url+"/status", "", "X-Status", "200", "X-Outcome", "release")
+	assert.Equal(t, http.StatusOK, r.status)
+	assert.NotContains(t, r.header, "Idempotency-Outcome", "stripped from an unrecorded answer too")
+}
+
 func TestProxyTenantFrom(t *testing.T) {
 	u := newUpstream(t)
 	u.Start()
