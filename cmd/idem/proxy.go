@@ -40,6 +40,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
 	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
 	unknownStatus := fs.String("unknown-status", "", "upstream statuses after which the outcome is recorded unknown, since the upstream may or may not have acted: the answer reaches the client and retries get 409 outcome_pending until an operator resolves the key; a `LIST` like --release-status's (default none)")
+	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status and unknown_status; a request no route matches gets the flags' settings")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz; port 0 picks a free one, empty turns it off")
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
@@ -49,7 +50,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
                   [--max-body SIZE] [--max-stored-body SIZE]
-                  [--release-status LIST] [--unknown-status LIST] [--drain D]
+                  [--release-status LIST] [--unknown-status LIST]
+                  [--routes FILE] [--drain D]
                   [--admin ADDR] [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
@@ -63,6 +65,14 @@ whose body is over --max-stored-body is not kept, and its retries get 410
 response_body_omitted instead. The same key with a different request gets
 422; a duplicate of a request still running gets 409 with Retry-After.
 The key is forwarded, so the upstream can pass it on to its own providers.
+
+--routes FILE gives routes settings of their own: a JSON object that maps
+ServeMux patterns (POST /v1/charges/{id}) to "require" (methods that
+must carry a key; [] for none), "ttl", "volatile" (JSON Pointers left
+out of the fingerprint), "release_status" and "unknown_status". The most
+specific pattern that matches the cleaned path wins; a request none
+matches gets the flags' settings. A route's keys are stored under its
+pattern.
 
 The records are kept in the directory --data names, which one process
 holds at a time, or with --store DSN in PostgreSQL: then any number of
@@ -158,7 +168,19 @@ key itself.
 		return usageErr("--upstream-timeout %s must be positive and shorter than the lease (%s)", timeout, effectiveLease)
 	}
 
-	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
+	var routes *routeTable
+	var endpointTTL map[string]time.Duration
+	if *routesFile != "" {
+		// The store refuses a TTL under ten leases; said here, the
+		// message can name the route's line.
+		if routes, err = readRoutes(*routesFile, 10*effectiveLease); err != nil {
+			fmt.Fprintf(stderr, "idem proxy: --routes %v\n", err)
+			return 2
+		}
+		endpointTTL = routes.ttls()
+	}
+
+	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, endpointTTL: endpointTTL, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
 	if db == nil {
 		if code == 2 {
 			fs.Usage()
@@ -171,7 +193,7 @@ key itself.
 		fmt.Fprintf(stderr, "idem proxy: %v\n", err)
 		return 1
 	}
-	mw, err := idemhttp.New(idemhttp.Options{
+	base := idemhttp.Options{
 		Store:           db,
 		Tenant:          tenant,
 		Methods:         methods,
@@ -181,12 +203,23 @@ key itself.
 		ProblemBase:     *problemBase,
 		Logger:          log,
 		Observe:         adm.observer.Observe,
-	})
+	}
+	mw, err := idemhttp.New(base)
 	if err != nil {
 		db.Close()
 		return usageErr("%v", err)
 	}
-	h := http1Only(*problemBase, mw(newProxyHandler(target, timeout, *problemBase, log)))
+	forward := newProxyHandler(target, timeout, *problemBase, log)
+	protected := mw(forward)
+	if routes != nil {
+		if err := routes.build(base, forward); err != nil {
+			db.Close()
+			fmt.Fprintf(stderr, "idem proxy: --routes %v\n", err)
+			return 2
+		}
+		protected = routes.handler(protected)
+	}
+	h := http1Only(*problemBase, protected)
 	var adminH http.Handler
 	if *adminAddr != "" {
 		mux := http.NewServeMux()
