@@ -84,6 +84,15 @@ type Options struct {
 	// profile, nothing volatile.
 	Canonical contract.CanonicalOptions
 
+	// RawFallback fingerprints a JSON or form body that Canonical refuses
+	// (duplicate members, NaN, nesting deeper than its MaxDepth, a bare %
+	// in a form) as the bytes that arrived, instead of answering 400
+	// request_body_invalid: for a handler whose own parser accepts such
+	// bodies. A retry of such a request must send the same bytes. Its
+	// fingerprint never equals that of a body that canonicalizes (see
+	// contract.Request.Raw). Default: false, refuse.
+	RawFallback bool
+
 	// MaxRequestBytes bounds the request body, both what is read and what
 	// is fingerprinted; a longer one gets 413 payload_too_large.
 	// Default: 1 MiB.
@@ -440,8 +449,13 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	if r.URL.RawQuery != "" {
 		path += "?" + r.URL.RawQuery
 	}
-	fp, err := contract.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
-		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ","), Body: body}.Fingerprint(m.canonical)
+	req := contract.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
+		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ","), Body: body}
+	fp, err := req.Fingerprint(m.canonical)
+	if errors.Is(err, contract.ErrInvalidBody) && m.opts.RawFallback {
+		req.Raw = true
+		fp, err = req.Fingerprint(m.canonical)
+	}
 	if err != nil {
 		p := Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid, Detail: err.Error()}
 		var be *contract.BodyError

@@ -424,6 +424,34 @@ func TestOutcomePolicy(t *testing.T) {
 	assert.Equal(t, int64(5), e.app.runs.Load())
 }
 
+// TestRawFallback: with RawFallback, a body the canonicalizer refuses is
+// fingerprinted as its bytes, so its retry replays and any other bytes
+// are another request; without it, the body is refused.
+func TestRawFallback(t *testing.T) {
+	const dup = `{"amount":1,"amount":2}`
+	strict := setup(t, idemhttp.Options{})
+	resp, body := strict.call("POST", "/v1/payments", "acme", dup, "k")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Equal(t, "duplicate_member", problem(t, resp, body).BodyError)
+
+	e := setup(t, idemhttp.Options{RawFallback: true})
+	first, firstBody := e.call("POST", "/v1/payments", "acme", dup, "k")
+	assert.Equal(t, http.StatusCreated, first.StatusCode)
+	resp, body = e.call("POST", "/v1/payments", "acme", dup, "k")
+	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, firstBody, body)
+	resp, _ = e.call("POST", "/v1/payments", "acme", `{"amount":1, "amount":2}`, "k")
+	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "other bytes are another request")
+
+	form := http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
+	resp, _ = e.callWith(form, "POST", "/v1/payments", "acme", "a=100%", "f")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	resp, _ = e.callWith(form, "POST", "/v1/payments", "acme", "a=100%", "f")
+	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, int64(2), e.app.runs.Load())
+	assert.Zero(t, strict.app.runs.Load())
+}
+
 func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
 	var seen []idemhttp.Observation
 	e := setup(t, idemhttp.Options{Observe: func(o idemhttp.Observation) { seen = append(seen, o) }})

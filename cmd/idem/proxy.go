@@ -40,7 +40,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
 	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
 	unknownStatus := fs.String("unknown-status", "", "upstream statuses after which the outcome is recorded unknown, since the upstream may or may not have acted: the answer reaches the client and retries get 409 outcome_pending until an operator resolves the key; a `LIST` like --release-status's (default none)")
-	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status and unknown_status; a request no route matches gets the flags' settings")
+	strict := fs.Bool("strict-canonical", false, "refuse a JSON or form body that cannot be canonicalized (duplicate members, NaN, deep nesting, a bare % in a form) with 400 request_body_invalid; by default its raw bytes are fingerprinted instead, so a retry must send the same bytes")
+	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status and strict_canonical; a request no route matches gets the flags' settings")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz; port 0 picks a free one, empty turns it off")
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
@@ -51,7 +52,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--upstream-timeout D] [--require METHODS] [--wait D]
                   [--max-body SIZE] [--max-stored-body SIZE]
                   [--release-status LIST] [--unknown-status LIST]
-                  [--routes FILE] [--drain D]
+                  [--routes FILE] [--strict-canonical] [--drain D]
                   [--admin ADDR] [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
@@ -69,10 +70,16 @@ The key is forwarded, so the upstream can pass it on to its own providers.
 --routes FILE gives routes settings of their own: a JSON object that maps
 ServeMux patterns (POST /v1/charges/{id}) to "require" (methods that
 must carry a key; [] for none), "ttl", "volatile" (JSON Pointers left
-out of the fingerprint), "release_status" and "unknown_status". The most
+out of the fingerprint), "release_status", "unknown_status" and
+"strict_canonical". The most
 specific pattern that matches the cleaned path wins; a request none
 matches gets the flags' settings. A route's keys are stored under its
 pattern.
+
+A JSON or form body the upstream may accept but that cannot be put in
+canonical form (duplicate members, NaN, nesting deeper than 128, a bare %
+in a form) is fingerprinted as its raw bytes: its retry must send the
+same bytes. --strict-canonical refuses such bodies with 400 instead.
 
 The records are kept in the directory --data names, which one process
 holds at a time, or with --store DSN in PostgreSQL: then any number of
@@ -200,6 +207,7 @@ key itself.
 		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,
 		Outcomes:        outcomes,
+		RawFallback:     !*strict,
 		ProblemBase:     *problemBase,
 		Logger:          log,
 		Observe:         adm.observer.Observe,

@@ -31,6 +31,9 @@ type routeSettings struct {
 	// --unknown-status read them; "" lists nothing.
 	ReleaseStatus *string `json:"release_status"`
 	UnknownStatus *string `json:"unknown_status"`
+	// StrictCanonical refuses a body that cannot be canonicalized, as
+	// --strict-canonical does, or with false hashes its raw bytes.
+	StrictCanonical *bool `json:"strict_canonical"`
 }
 
 // route is one entry of a --routes file, checked.
@@ -42,6 +45,7 @@ type route struct {
 	volatile []string
 	release  *[]int // nil: --release-status's
 	unknown  *[]int // nil: --unknown-status's
+	strict   *bool  // nil: --strict-canonical's
 	h        http.Handler
 }
 
@@ -108,7 +112,7 @@ func readRoutes(file string, minTTL time.Duration) (*routeTable, error) {
 
 // newRoute checks one route's settings.
 func newRoute(pattern, where string, s routeSettings, minTTL time.Duration) (*route, error) {
-	rt := &route{pattern: pattern, where: where, volatile: s.Volatile}
+	rt := &route{pattern: pattern, where: where, volatile: s.Volatile, strict: s.StrictCanonical}
 	if len(pattern) > contract.MaxEndpointBytes {
 		return nil, fmt.Errorf("the pattern is %d bytes, more than %d: it names the endpoint keys are stored under", len(pattern), contract.MaxEndpointBytes)
 	}
@@ -191,6 +195,9 @@ func (t *routeTable) build(base idemhttp.Options, next http.Handler) error {
 		}
 		if rt.unknown != nil {
 			o.Outcomes.Unknown = *rt.unknown
+		}
+		if rt.strict != nil {
+			o.RawFallback = !*rt.strict
 		}
 		mw, err := idemhttp.New(o)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,4 +111,34 @@ func TestProxyRoutesFileErrors(t *testing.T) {
 	r = runIdem(t, "", "proxy", "--data", t.TempDir(), "--upstream", "http://x", "--routes", filepath.Join(t.TempDir(), "none.json"))
 	assert.Equal(t, 2, r.code)
 	assert.Contains(t, r.stderr, "none.json: no such file")
+}
+
+// TestProxyRawFallback: a body the upstream may accept but that cannot be
+// canonicalized is fingerprinted raw, unless --strict-canonical or the
+// route's strict_canonical says to refuse it.
+func TestProxyRawFallback(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	file := writeRoutes(t, `{"POST /strict": {"strict_canonical": true}}`)
+	p := startProxy(t, u, "--routes", file)
+	for _, body := range []string{`{"a":1,"a":2}`, `{"a":NaN}`, strings.Repeat("[", 200) + strings.Repeat("]", 200)} {
+		key := newKey()
+		first := send(t, "POST", p.url+"/v1/things", body, append(keyed(key), "Content-Type", "application/json")...)
+		assert.Equal(t, http.StatusCreated, first.status, body)
+		r := send(t, "POST", p.url+"/v1/things", body, append(keyed(key), "Content-Type", "application/json")...)
+		assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"), body)
+		assert.Equal(t, string(first.body), string(r.body))
+		r = send(t, "POST", p.url+"/v1/things", body+" ", append(keyed(key), "Content-Type", "application/json")...)
+		assert.Equal(t, http.StatusUnprocessableEntity, r.status, "raw: other bytes are another request")
+		assert.Equal(t, 1, u.count(auth, key))
+	}
+	form := append(keyed(newKey()), "Content-Type", "application/x-www-form-urlencoded")
+	assert.Equal(t, http.StatusCreated, send(t, "POST", p.url+"/v1/things", "discount=10%", form...).status)
+
+	r := send(t, "POST", p.url+"/strict", `{"a":1,"a":2}`, append(keyed(newKey()), "Content-Type", "application/json")...)
+	assert.Equal(t, "request_body_invalid", r.code(t))
+
+	strict := startProxy(t, u, "--strict-canonical")
+	r = send(t, "POST", strict.url+"/v1/things", `{"a":1,"a":2}`, append(keyed(newKey()), "Content-Type", "application/json")...)
+	assert.Equal(t, "request_body_invalid", r.code(t))
 }
