@@ -423,6 +423,13 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		return m.problem(w, Problem{Status: http.StatusRequestURITooLong, Code: contract.CodeURITooLong,
 			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), contract.MaxEndpointBytes)}, 0)
 	}
+	if r.ContentLength > m.opts.MaxRequestBytes {
+		// Refused before a byte of the body is read, so that a client that
+		// sent Expect: 100-continue gets this answer instead of the go-ahead
+		// to send a body that would be refused anyway.
+		return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
+			Detail: fmt.Sprintf("the request body is larger than %d bytes", m.opts.MaxRequestBytes)}, 0)
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
 	if err != nil {
 		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
@@ -496,8 +503,14 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
 			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
 	case errors.Is(err, contract.ErrOutcomePending):
+		what := "may or may not have taken effect"
+		if errors.As(err, &ke) && ke.State == contract.StateFailed {
+			what = "failed, and the key stays spent"
+		}
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
-			Detail: "an earlier attempt with this idempotency key has an outcome that is not known yet; it is being reconciled"}, 0)
+			Detail: "an earlier attempt with this idempotency key " + what + "; every retry with this key gets this answer " +
+				"until the service's operator resolves it (idem resolve, or a reconciler if the service runs one). " +
+				"Do not send the operation under a new key: it would run again"}, 0)
 	case errors.Is(err, contract.ErrInvalidScope):
 		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeKeyInvalid, Detail: err.Error()}, 0)
 	default:

@@ -262,6 +262,32 @@ func TestSlowBodyIs408(t *testing.T) {
 
 // TestUnreadableBodyNamesNoAddress: a body that fails to arrive for any
 // other reason is refused with a detail that says so and no more.
+// TestExpectContinueOverLimitIsRefusedFirst: a body whose declared length
+// is over MaxRequestBytes is refused before it is read, so a client that
+// waits for 100 Continue gets 413 instead and never sends it.
+func TestExpectContinueOverLimitIsRefusedFirst(t *testing.T) {
+	e := setup(t, idemhttp.Options{MaxRequestBytes: 1000})
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer acme\r\n"+
+		"Idempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 1001\r\nExpect: 100-continue\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "no 100 Continue first")
+	p := problem(t, resp, string(body))
+	assert.Equal(t, contract.CodePayloadTooLarge, p.Code)
+	assert.Equal(t, "the request body is larger than 1000 bytes", p.Detail)
+	assert.Zero(t, e.app.runs.Load())
+
+	resp, _ = e.callWith(http.Header{"Expect": {"100-continue"}}, "POST", "/v1/payments", "acme", pay, "small")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode, "a body within the limit is still read")
+}
+
 func TestUnreadableBodyNamesNoAddress(t *testing.T) {
 	e := setup(t, idemhttp.Options{})
 	req := e.request(nil, "POST", "/v1/payments", "acme", "", "broken")
@@ -373,7 +399,11 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 	mode.Store("ok")
 	resp, body := e.call("POST", "/v1/payments", "acme", pay, "u")
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, contract.CodeOutcomePending, problem(t, resp, body).Code)
+	p := problem(t, resp, body)
+	assert.Equal(t, contract.CodeOutcomePending, p.Code)
+	assert.Contains(t, p.Detail, "may or may not have taken effect")
+	assert.Contains(t, p.Detail, "until the service's operator resolves it (idem resolve")
+	assert.NotContains(t, p.Detail, "being reconciled", "nothing may be reconciling it")
 	assert.Equal(t, int64(3), e.app.runs.Load(), "an unknown outcome is never re-run")
 }
 

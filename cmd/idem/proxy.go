@@ -28,7 +28,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	store := addStoreFlags(fs, "directory of the idempotency store (one process at a time)")
 	listen := fs.String("listen", "127.0.0.1:8081", "address to accept clients on; port 0 picks a free one")
 	upstream := fs.String("upstream", "", "base URL of the service to protect, e.g. http://127.0.0.1:3000 (required)")
-	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none")
+	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none (every caller shares one key space and so each other's stored answers; warned about at start)")
 	ttl := fs.Duration("ttl", 0, "how long a key is remembered, at least ten leases (default 24h)")
 	lease := fs.Duration("lease", 0, "how long a claim may run before it counts as abandoned (default 30s)")
 	upstreamTimeout := fs.Duration("upstream-timeout", 0, "how long the upstream may take to answer in full; past it the outcome is recorded unknown (default 80% of the lease)")
@@ -161,6 +161,10 @@ key itself.
 		return usageErr("--max-stored-body %d must be positive", maxStored)
 	}
 	log := newLogger(stderr)
+	if *tenantFrom == "none" {
+		log.Warn("idem proxy: --tenant-from none: all callers share one key space and each other's stored responses; " +
+			"a caller who sends another's key gets that caller's answer. Use it only behind a single trusted client")
+	}
 	effectiveLease := *lease
 	if effectiveLease == 0 {
 		effectiveLease = 30 * time.Second

@@ -620,11 +620,13 @@ func TestProxyUpstreamOutcomeHeader(t *testing.T) {
 	key = newKey()
 	said(key, 201, "later")
 	assert.Equal(t, "true", said(key, 201, "").header.Get("Idempotent-Replayed"), "a value the proxy does not know changes nothing")
-	assert.Contains(t, p.stderr.String(), "is not release, unknown or store; ignored")
 
 	r = send(t, "GET", p.url+"/status", "", "X-Status", "200", "X-Outcome", "release")
 	assert.Equal(t, http.StatusOK, r.status)
 	assert.NotContains(t, r.header, "Idempotency-Outcome", "stripped from an unrecorded answer too")
+
+	require.Equal(t, 0, p.stop())
+	assert.Contains(t, p.stderr.String(), "is not release, unknown or store; ignored")
 }
 
 func TestProxyTenantFrom(t *testing.T) {
@@ -652,6 +654,12 @@ func TestProxyTenantFrom(t *testing.T) {
 	assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
 	assert.Equal(t, 1, u.count("", key))
 	assert.Equal(t, "idempotency_key_missing", send(t, "PATCH", none.url+"/v1/payments/1", `{}`).code(t))
+
+	// Standard error is read in full once the process has exited.
+	require.Equal(t, 0, none.stop())
+	assert.Contains(t, none.stderr.String(), "--tenant-from none: all callers share one key space and each other's stored responses")
+	require.Equal(t, 0, byHeader.stop())
+	assert.NotContains(t, byHeader.stderr.String(), "share")
 }
 
 func TestProxyUsage(t *testing.T) {
