@@ -8,6 +8,11 @@
 // stable code and a type of its own, Options.ProblemBase followed by the
 // code, which the answer links to as its documentation.
 //
+// A stored answer and every replay of it carry Idempotency-Key-Expires,
+// the HTTP-date at which the key's record expires and a retry would run
+// the operation again; an answer that was not stored, or that streamed,
+// does not.
+//
 // Every answer is stored by default, errors included. Options.Outcomes
 // names the statuses that free the key instead (nothing was committed) or
 // leave its outcome unknown, and a handler may say so itself with
@@ -530,6 +535,7 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 // rather than sent as bytes the client cannot read.
 func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *contract.Record) (result string, status int) {
 	h := w.Header()
+	h.Set(contract.HeaderExpires, httpDate(rec.ExpiresAt))
 	if rec.BodyOmitted {
 		h.Set(contract.HeaderReplayed, "true")
 		h.Set(contract.HeaderBodyOmitted, "true")
@@ -566,6 +572,9 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *contrac
 	w.Write(body)
 	return OutcomeReplayed, rec.Response.Status
 }
+
+// httpDate formats t as an RFC 9110 HTTP-date.
+func httpDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 
 // contentCoding returns the codings of a stored response, lower-cased and
 // comma-separated, without identity: "" for a body sent as it is.
@@ -672,6 +681,9 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	default:
 		err := lease.Complete(storeCtx, contract.Response{Status: status, Header: header, Body: body})
 		m.end(lease, err)
+		if err == nil {
+			rec.setHeader(contract.HeaderExpires, httpDate(lease.Record().ExpiresAt))
+		}
 		if err != nil && rec.streaming {
 			// Most of a streamed answer is out, but not its end: breaking
 			// the connection now tells the client it does not have it.

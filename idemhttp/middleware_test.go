@@ -606,6 +606,38 @@ func TestStoreFailureIs503(t *testing.T) {
 	assert.Zero(t, e.app.runs.Load())
 }
 
+// TestExpiryHeader: a stored answer and each replay of it say when the
+// key expires; an answer that was not stored says nothing of the kind.
+func TestExpiryHeader(t *testing.T) {
+	db, _ := idemtest.Open(t, &idem.Options{EndpointTTL: map[string]time.Duration{"POST /v1/refunds": time.Hour}})
+	e := setup(t, idemhttp.Options{Store: db})
+	first, _ := e.call("POST", "/v1/refunds", "acme", pay, "k")
+	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/refunds", Key: "k"})
+	require.NoError(t, err)
+	want := rec.ExpiresAt.UTC().Format(http.TimeFormat)
+	assert.Equal(t, want, first.Header.Get(contract.HeaderExpires))
+	replay, _ := e.call("POST", "/v1/refunds", "acme", pay, "k")
+	assert.Equal(t, "true", replay.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, []string{want}, replay.Header.Values(contract.HeaderExpires))
+	stored, err := time.Parse(http.TimeFormat, want)
+	require.NoError(t, err)
+	assert.Equal(t, rec.ExpiresAt.Truncate(time.Second).Unix(), stored.Unix())
+
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Empty") != "" {
+			return // net/http answers 200 with no body
+		}
+		idemhttp.Release(r)
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	released, _ := e.call("POST", "/v1/refunds", "acme", pay, "released")
+	assert.Equal(t, http.StatusTooManyRequests, released.StatusCode)
+	assert.Empty(t, released.Header.Get(contract.HeaderExpires), "a released key has no expiry")
+	empty, _ := e.callWith(http.Header{"X-Empty": {"1"}}, "POST", "/v1/refunds", "acme", pay, "empty")
+	assert.Equal(t, http.StatusOK, empty.StatusCode)
+	assert.NotEmpty(t, empty.Header.Get(contract.HeaderExpires), "an answer without a status written is stored too")
+}
+
 // TestRouteTTL: a route's TTL is the store's, set per endpoint as the
 // middleware names it.
 func TestRouteTTL(t *testing.T) {

@@ -168,6 +168,16 @@ func (r *recorder) send() int {
 	return r.status
 }
 
+// setHeader sets a field of the answer that is not part of the stored
+// response, such as its expiry; it reaches the client only if the status
+// has not been written yet.
+func (r *recorder) setHeader(name, value string) {
+	r.w.Header().Set(name, value)
+	if r.sent != nil {
+		r.sent.Set(name, value)
+	}
+}
+
 // response is what the recorder saw, as it is stored.
 func (r *recorder) response() (status int, header http.Header, body []byte) {
 	if r.status == 0 {
@@ -232,7 +242,7 @@ func (r *recorder) trailers(prefixed bool) http.Header {
 var hopByHop = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Transfer-Encoding": true, "Upgrade": true, "Date": true,
-	contract.HeaderKey: true, contract.HeaderReplayed: true, contract.HeaderBodyOmitted: true,
+	contract.HeaderKey: true, contract.HeaderReplayed: true, contract.HeaderBodyOmitted: true, contract.HeaderExpires: true,
 }
 
 // appendPrefix marks, in a stored header, the values a handler added to a

@@ -390,7 +390,7 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 		// send it twice, and first answers would differ from replays.
 		ModifyResponse: func(res *http.Response) error {
 			applyOutcome(res, log)
-			for _, name := range []string{contract.HeaderKey, contract.HeaderReplayed, contract.HeaderBodyOmitted, contract.HeaderOutcome} {
+			for _, name := range []string{contract.HeaderKey, contract.HeaderReplayed, contract.HeaderBodyOmitted, contract.HeaderExpires, contract.HeaderOutcome} {
 				res.Header.Del(name)
 			}
 			return nil

@@ -104,6 +104,7 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		if o := r.Header.Get("X-Outcome"); o != "" {
 			w.Header().Set("Idempotency-Outcome", o)
 		}
+		w.Header().Set("Idempotency-Key-Expires", "the upstream's own")
 		code, _ := strconv.Atoi(r.Header.Get("X-Status"))
 		w.WriteHeader(code)
 		fmt.Fprintf(w, "run %d", run)
@@ -599,6 +600,7 @@ func TestProxyUpstreamOutcomeHeader(t *testing.T) {
 	said := func(key string, code int, outcome string) reply {
 		r := send(t, "POST", p.url+"/status", `{}`, append(keyed(key), "X-Status", strconv.Itoa(code), "X-Outcome", outcome)...)
 		assert.NotContains(t, r.header, "Idempotency-Outcome")
+		assert.NotEqual(t, "the upstream's own", r.header.Get("Idempotency-Key-Expires"), "only the proxy says when a key expires")
 		return r
 	}
 
@@ -624,6 +626,7 @@ func TestProxyUpstreamOutcomeHeader(t *testing.T) {
 	r = send(t, "GET", p.url+"/status", "", "X-Status", "200", "X-Outcome", "release")
 	assert.Equal(t, http.StatusOK, r.status)
 	assert.NotContains(t, r.header, "Idempotency-Outcome", "stripped from an unrecorded answer too")
+	assert.NotContains(t, r.header, "Idempotency-Key-Expires")
 
 	require.Equal(t, 0, p.stop())
 	assert.Contains(t, p.stderr.String(), "is not release, unknown or store; ignored")

@@ -101,6 +101,7 @@ func TestProxyRoutes(t *testing.T) {
 	expires, err := time.Parse(time.RFC3339Nano, rec["expires_at"].(string))
 	require.NoError(t, err)
 	assert.Equal(t, 48*time.Hour, expires.Sub(created))
+	assert.Equal(t, expires.UTC().Format(http.TimeFormat), first.header.Get("Idempotency-Key-Expires"), "the answer says when its key expires")
 }
 
 func TestProxyRoutesFileErrors(t *testing.T) {
