@@ -10,8 +10,9 @@
 //
 // A stored answer and every replay of it carry Idempotency-Key-Expires,
 // the HTTP-date at which the key's record expires and a retry would run
-// the operation again; an answer that was not stored, or that streamed,
-// does not.
+// the operation again; an answer that was not stored does not, unless it
+// streamed, since a streamed answer's header leaves before its outcome is
+// known.
 //
 // Every answer is stored by default, errors included. Options.Outcomes
 // names the statuses that free the key instead (nothing was committed) or
@@ -650,7 +651,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	// A client that disconnects must not cancel the operation: its retry
 	// should find the finished result, not a half-done one.
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), ctxKey{}, out)
-	rec := &recorder{w: w, outer: w.Header().Clone(), h2: r.ProtoMajor >= 2}
+	rec := &recorder{w: w, outer: w.Header().Clone(), h2: r.ProtoMajor >= 2, expires: httpDate(lease.Record().ExpiresAt)}
 	storeCtx := context.WithoutCancel(r.Context())
 	returned := false
 	defer func() {
@@ -682,7 +683,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		err := lease.Complete(storeCtx, contract.Response{Status: status, Header: header, Body: body})
 		m.end(lease, err)
 		if err == nil {
-			rec.setHeader(contract.HeaderExpires, httpDate(lease.Record().ExpiresAt))
+			rec.setHeader(contract.HeaderExpires, rec.expires)
 		}
 		if err != nil && rec.streaming {
 			// Most of a streamed answer is out, but not its end: breaking

@@ -624,8 +624,14 @@ func TestExpiryHeader(t *testing.T) {
 	assert.Equal(t, rec.ExpiresAt.Truncate(time.Second).Unix(), stored.Unix())
 
 	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Empty") != "" {
+		switch {
+		case r.Header.Get("X-Empty") != "":
 			return // net/http answers 200 with no body
+		case r.Header.Get("X-Stream") != "":
+			io.WriteString(w, "first part ")
+			http.NewResponseController(w).Flush()
+			io.WriteString(w, "second part")
+			return
 		}
 		idemhttp.Release(r)
 		w.WriteHeader(http.StatusTooManyRequests)
@@ -636,6 +642,14 @@ func TestExpiryHeader(t *testing.T) {
 	empty, _ := e.callWith(http.Header{"X-Empty": {"1"}}, "POST", "/v1/refunds", "acme", pay, "empty")
 	assert.Equal(t, http.StatusOK, empty.StatusCode)
 	assert.NotEmpty(t, empty.Header.Get(contract.HeaderExpires), "an answer without a status written is stored too")
+
+	stream := http.Header{"X-Stream": {"1"}}
+	streamed, body := e.callWith(stream, "POST", "/v1/refunds", "acme", pay, "streamed")
+	assert.Equal(t, "first part second part", body)
+	assert.NotEmpty(t, streamed.Header.Get(contract.HeaderExpires), "a streamed answer carries it from its start")
+	replay, _ = e.callWith(stream, "POST", "/v1/refunds", "acme", pay, "streamed")
+	assert.Equal(t, "true", replay.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, streamed.Header.Get(contract.HeaderExpires), replay.Header.Get(contract.HeaderExpires))
 }
 
 // TestRouteTTL: a route's TTL is the store's, set per endpoint as the

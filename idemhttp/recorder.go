@@ -41,6 +41,9 @@ type recorder struct {
 	h2        bool // HTTP/2 or later, which sends trailers beside a declared length
 	overran   bool // the handler wrote past the declared length
 	out       int  // bytes of body the client was given
+	// expires is the key's expiry as an HTTP-date, which a streamed
+	// answer carries from its start.
+	expires string
 }
 
 func (r *recorder) Header() http.Header { return r.w.Header() }
@@ -101,6 +104,11 @@ func (r *recorder) Flush() {
 	}
 	if !r.streaming {
 		r.streaming = true
+		// The header leaves now, before the outcome is stored: it says
+		// when the key expires if the answer is stored.
+		if r.expires != "" {
+			r.sent.Set(contract.HeaderExpires, r.expires)
+		}
 		r.writeStatus()
 	}
 	r.pass(false)
