@@ -329,7 +329,8 @@ type outcome struct{ release, unknown, keep bool }
 // Release is the handler's Lease.Release: it tells the middleware that
 // the request committed nothing (it failed validation, say), so the key
 // is freed and a retry runs the handler again. The response still goes to
-// the client but is not stored. Calls outside the middleware do nothing.
+// the client but is not stored. It wins over Keep. Calls outside the
+// middleware do nothing.
 func Release(r *http.Request) {
 	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
 		o.release = true

@@ -65,16 +65,17 @@ but its end), and every retry gets that response again
 whose body is over --max-stored-body is not kept, and its retries get 410
 response_body_omitted instead. The same key with a different request gets
 422; a duplicate of a request still running gets 409 with Retry-After.
-The key is forwarded, so the upstream can pass it on to its own providers.
+A stored answer and its replays say when the key expires
+(Idempotency-Key-Expires). The key is forwarded, so the upstream can pass
+it on to its own providers.
 
---routes FILE gives routes settings of their own: a JSON object that maps
-ServeMux patterns (POST /v1/charges/{id}) to "require" (methods that
-must carry a key; [] for none), "ttl", "volatile" (JSON Pointers left
-out of the fingerprint), "release_status", "unknown_status" and
-"strict_canonical". The most
-specific pattern that matches the cleaned path wins; a request none
-matches gets the flags' settings. A route's keys are stored under its
-pattern.
+--routes FILE gives routes settings of their own: a JSON object that
+maps ServeMux patterns (POST /v1/charges/{id}) to "require" (methods
+that must carry a key; [] for none), "ttl", "volatile" (JSON Pointers
+left out of the fingerprint), "release_status", "unknown_status" and
+"strict_canonical". The most specific pattern that matches the cleaned
+path wins; a request none matches gets the flags' settings. A route's
+keys are stored under its pattern.
 
 A JSON or form body the upstream may accept but that cannot be put in
 canonical form (duplicate members, NaN, nesting deeper than 128, a bare %
@@ -93,10 +94,11 @@ reaches the client, and the key is freed (a retry runs again) or its
 outcome is recorded unknown. The upstream may say it per answer with the
 response header Idempotency-Outcome: release, unknown or store (replay
 this answer whatever the lists say); the proxy removes the header before
-the client sees the answer. When the upstream cannot be reached at all the key is freed and the proxy answers
-502; when it fails or times out after the request was sent, the outcome is
-recorded unknown (retries get 409 outcome_pending until it is resolved)
-and the proxy answers 502 or 504.
+the client sees the answer. When the upstream cannot be reached at all
+the key is freed and the proxy answers 502; when it fails or times out
+after the request was sent, the outcome is recorded unknown (retries get
+409 outcome_pending until it is resolved) and the proxy answers 502 or
+504.
 
 The listener speaks HTTP/1.1: a client that opens with HTTP/2 without
 TLS (prior knowledge) gets 505 and a closed connection, and nothing
