@@ -63,5 +63,7 @@
 // Records expire after Options.TTL (per endpoint with Options.EndpointTTL).
 // Expired records read as absent at once; a background sweep deletes them
 // with their index entries and body chunks and compacts the cleared spans
-// so the disk shrinks again.
+// so the disk shrinks again. Over HTTP, package idemhttp gives each stored
+// answer and each replay an Idempotency-Key-Expires header, the record's
+// ExpiresAt as an HTTP-date, so that clients learn the window at run time.
 package idem

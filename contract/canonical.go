@@ -178,12 +178,22 @@ type Request struct {
 	// Body is the request body. An empty body is hashed as empty, whatever
 	// the media type: it is a valid request, distinct from "{}" or "null".
 	Body []byte
+	// Raw hashes Body as the bytes that arrived, whatever its media type:
+	// for a body the canonicalizer refuses but the service accepts. A raw
+	// fingerprint is of a kind of its own, so it never equals a canonical
+	// one, even for a body whose bytes are another body's canonical form.
+	Raw bool
 }
 
 // fingerprintVersion starts every hashed encoding. Any change to what is
 // hashed or how gets a new version, so old and new fingerprints can never
 // collide by accident (they simply never match).
 const fingerprintVersion = "idem-fingerprint-v1\n"
+
+// rawFingerprintVersion starts the encoding of a Raw request instead.
+// Neither tag is a prefix of the other, so no raw encoding is ever a
+// canonical one.
+const rawFingerprintVersion = "idem-fingerprint-raw-v1\n"
 
 // Fingerprint returns the SHA-256 of the versioned encoding of r: the
 // version tag, then method, path, tenant, media type and canonical body,
@@ -226,7 +236,11 @@ func (r *Request) appendEncoding(dst []byte, o *CanonicalOptions) ([]byte, error
 	if err := o.validate(); err != nil {
 		return dst, err
 	}
-	dst = append(dst, fingerprintVersion...)
+	if r.Raw {
+		dst = append(dst, rawFingerprintVersion...)
+	} else {
+		dst = append(dst, fingerprintVersion...)
+	}
 	dst = appendField(dst, r.Method)
 	dst = appendField(dst, r.Path)
 	dst = appendField(dst, r.Tenant)
@@ -270,7 +284,7 @@ func (r *Request) appendBody(dst []byte, o *CanonicalOptions) ([]byte, error) {
 	}
 	var err error
 	switch mt := mediaType(r.ContentType); {
-	case codings(r.ContentEncoding) != "" || !parsed(mt):
+	case r.Raw || codings(r.ContentEncoding) != "" || !parsed(mt):
 		dst = append(dst, r.Body...)
 	case mt == "application/x-www-form-urlencoded":
 		dst, err = canon.AppendForm(dst, r.Body, maxBytes)

@@ -193,6 +193,33 @@ func TestFingerprintBodies(t *testing.T) {
 	assert.Empty(t, body)
 }
 
+// TestRawFingerprint: a raw body is hashed as its bytes, and never as a
+// canonical body, even one whose canonical form is those bytes.
+func TestRawFingerprint(t *testing.T) {
+	o := idem.CanonicalOptions{}
+	raw := func(b, ct string) idem.Request {
+		r := payment(b, ct)
+		r.Raw = true
+		return r
+	}
+	dup := raw(`{"a":1,"a":2}`, "application/json")
+	assert.Equal(t, fingerprint(t, dup, o), fingerprint(t, raw(`{"a":1,"a":2}`, "application/json"), o))
+	assert.NotEqual(t, fingerprint(t, dup, o), fingerprint(t, raw(`{"a":1, "a":2}`, "application/json"), o), "raw: every byte counts")
+	assert.NotEqual(t, fingerprint(t, dup, o), fingerprint(t, raw(`{"a":1,"a":2}`, "text/plain"), o), "the media type still counts")
+
+	canonical := payment(`{"b":1,"a":2}`, "application/json")
+	form, err := canonical.CanonicalBody(o)
+	require.NoError(t, err)
+	assert.NotEqual(t, fingerprint(t, canonical, o), fingerprint(t, raw(string(form), "application/json"), o))
+	text := payment("hello", "text/plain")
+	assert.NotEqual(t, fingerprint(t, text, o), fingerprint(t, raw("hello", "text/plain"), o),
+		"a raw type hashed raw is still of the other kind")
+
+	body, err := raw(`{"a":1,"a":2}`, "application/json").CanonicalBody(o)
+	require.NoError(t, err)
+	assert.Equal(t, `{"a":1,"a":2}`, string(body))
+}
+
 // TestFingerprintContentEncoding: an encoded body of a type that is parsed
 // is hashed as the bytes that arrived, with its codings; identity is no
 // coding, so a request that names it hashes as one that does not, which

@@ -12,6 +12,16 @@ const (
 	// HeaderBodyOmitted is "true" on the answer to a retry whose original
 	// body was too large to store: a 410 response_body_omitted problem.
 	HeaderBodyOmitted = "Idempotent-Body-Omitted"
+	// HeaderExpires gives, on a stored answer and on every replay of it,
+	// when the key's record expires (an RFC 9110 HTTP-date): until then a
+	// retry with the key gets this answer, after it the key is new again.
+	HeaderExpires = "Idempotency-Key-Expires"
+	// HeaderOutcome is set by a service behind idem proxy to tell the proxy
+	// what becomes of the key, whatever the proxy's status lists say:
+	// "release" (nothing was committed: free the key), "unknown" (it may
+	// have been: record the outcome unknown) or "store" (replay this
+	// answer). The proxy removes it before the client sees the answer.
+	HeaderOutcome = "Idempotency-Outcome"
 )
 
 // The stable codes of the contract's problem responses (RFC 9457 documents

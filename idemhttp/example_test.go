@@ -61,3 +61,48 @@ func Example() {
 	// 422  {"type":"https://github.com/idemkv/idem#idempotency_key_reuse","title":"Unprocessable Entity","status":422,"detail":"this idempotency key was used for a different request; use a new key for a new operation","code":"idempotency_key_reuse"}
 	// charges: 1
 }
+
+// A handler behind a rate limiter answers 429 before it does anything, so
+// that answer frees the key instead of being replayed: the retry runs.
+func ExampleOutcomePolicy() {
+	db, err := idem.Open("idem-data", &idem.Options{FS: vfs.NewMem()})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	mw, err := idemhttp.New(idemhttp.Options{
+		Store:    db,
+		Tenant:   func(r *http.Request) (string, error) { return r.Header.Get("Authorization"), nil },
+		Outcomes: idemhttp.OutcomePolicy{Release: []int{http.StatusTooManyRequests}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	calls := 0
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls++; calls == 1 {
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+
+	for range 3 {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/payments", strings.NewReader(`{"amount":4200}`))
+		req.Header.Set("Authorization", "Bearer sk_test_1")
+		req.Header.Set("Idempotency-Key", "k1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
+	}
+	fmt.Println("calls:", calls)
+	// Output:
+	// 429 replayed: false
+	// 201 replayed: false
+	// 201 replayed: true
+	// calls: 2
+}

@@ -7,6 +7,17 @@
 // key gets 400. Every refusal is an RFC 9457 problem document with a
 // stable code and a type of its own, Options.ProblemBase followed by the
 // code, which the answer links to as its documentation.
+//
+// A stored answer and every replay of it carry Idempotency-Key-Expires,
+// the HTTP-date at which the key's record expires and a retry would run
+// the operation again; an answer that was not stored does not, unless it
+// streamed, since a streamed answer's header leaves before its outcome is
+// known.
+//
+// Every answer is stored by default, errors included. Options.Outcomes
+// names the statuses that free the key instead (nothing was committed) or
+// leave its outcome unknown, and a handler may say so itself with
+// Release, MarkUnknown or Keep.
 package idemhttp
 
 import (
@@ -79,6 +90,15 @@ type Options struct {
 	// profile, nothing volatile.
 	Canonical contract.CanonicalOptions
 
+	// RawFallback fingerprints a JSON or form body that Canonical refuses
+	// (duplicate members, NaN, nesting deeper than its MaxDepth, a bare %
+	// in a form) as the bytes that arrived, instead of answering 400
+	// request_body_invalid: for a handler whose own parser accepts such
+	// bodies. A retry of such a request must send the same bytes. Its
+	// fingerprint never equals that of a body that canonicalizes (see
+	// contract.Request.Raw). Default: false, refuse.
+	RawFallback bool
+
 	// MaxRequestBytes bounds the request body, both what is read and what
 	// is fingerprinted; a longer one gets 413 payload_too_large.
 	// Default: 1 MiB.
@@ -101,6 +121,13 @@ type Options struct {
 	// anchor per code. Default: DefaultProblemBase, idem's README.
 	ProblemBase string
 
+	// Outcomes says which of the handler's statuses free the key or leave
+	// its outcome unknown instead of being stored, when the handler does
+	// not say itself (Release, MarkUnknown, Keep). Default: every response
+	// is stored and replayed, errors included, as Stripe does: a retry
+	// gets what the first attempt got.
+	Outcomes OutcomePolicy
+
 	// Logger receives failures to store outcomes. Default: slog.Default().
 	Logger *slog.Logger
 
@@ -109,6 +136,22 @@ type Options struct {
 	// metrics such as the replay ratio and the 409 and 422 rates. It runs
 	// on the request's goroutine, so it must be quick. Default: none.
 	Observe func(Observation)
+}
+
+// OutcomePolicy says, by status, which responses do not become the key's
+// answer. A status it does not list is stored and replayed. The zero value
+// stores every response. A status may be in one list only.
+type OutcomePolicy struct {
+	// Release lists statuses that mean nothing was committed (429 Too Many
+	// Requests, a 503 from a load shedder): the response reaches the client
+	// but is not stored, and the key is freed, so a retry runs the handler
+	// again.
+	Release []int
+	// Unknown lists statuses after which the operation may or may not have
+	// taken effect (a 504 from a gateway in front of it): the response
+	// reaches the client, the record becomes unknown, and retries get 409
+	// outcome_pending until it is resolved.
+	Unknown []int
 }
 
 // Observation is what the middleware did with one request.
@@ -141,6 +184,8 @@ type middleware struct {
 	headers   []string
 	methods   map[string]bool
 	alphabet  [256]bool
+	release   map[int]bool // Outcomes.Release
+	unknown   map[int]bool // Outcomes.Unknown
 }
 
 // New validates o and returns the middleware. Wrap each route's handler
@@ -193,7 +238,8 @@ func newMiddleware(o Options) (*middleware, error) {
 		o.ProblemBase = DefaultProblemBase
 	}
 	names := append([]string{o.Header}, o.Aliases...)
-	m := &middleware{opts: o, headers: canonicalNames(names), methods: map[string]bool{}}
+	m := &middleware{opts: o, headers: canonicalNames(names), methods: map[string]bool{},
+		release: map[int]bool{}, unknown: map[int]bool{}}
 	// Two spellings of one header would make every key arrive twice, and
 	// every request a 400 for a duplicate key.
 	for i, n := range m.headers {
@@ -238,6 +284,20 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
 		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
 	}
+	for _, st := range o.Outcomes.Release {
+		m.release[st] = true
+	}
+	for _, st := range o.Outcomes.Unknown {
+		if m.release[st] {
+			bad("Options.Outcomes: status %d is in both Release and Unknown", st)
+		}
+		m.unknown[st] = true
+	}
+	for _, st := range slices.Concat(o.Outcomes.Release, o.Outcomes.Unknown) {
+		if st < 200 || st > 999 {
+			bad("Options.Outcomes: status %d is not a final status (200 to 999)", st)
+		}
+	}
 	if u, err := url.Parse(o.ProblemBase); err != nil || !u.IsAbs() || strings.ContainsAny(o.ProblemBase, " <>\"") {
 		bad("Options.ProblemBase %q must be an absolute URI", o.ProblemBase)
 	}
@@ -264,12 +324,13 @@ func defaultEndpoint(r *http.Request) string {
 type ctxKey struct{}
 
 // outcome is how the handler told the middleware to treat its response.
-type outcome struct{ release, unknown bool }
+type outcome struct{ release, unknown, keep bool }
 
 // Release is the handler's Lease.Release: it tells the middleware that
 // the request committed nothing (it failed validation, say), so the key
 // is freed and a retry runs the handler again. The response still goes to
-// the client but is not stored. Calls outside the middleware do nothing.
+// the client but is not stored. It wins over Keep. Calls outside the
+// middleware do nothing.
 func Release(r *http.Request) {
 	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
 		o.release = true
@@ -280,12 +341,36 @@ func Release(r *http.Request) {
 // that the operation may or may not have taken effect (a downstream call
 // timed out after the request left), so the record becomes unknown and
 // retries get 409 outcome_pending until a reconciler or an operator
-// resolves it. It wins over Release. Calls outside the middleware do
-// nothing.
+// resolves it. It wins over Release and Keep. Calls outside the
+// middleware do nothing.
 func MarkUnknown(r *http.Request) {
 	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
 		o.unknown = true
 	}
+}
+
+// Keep tells the middleware to store the response and replay it to
+// retries, whatever Options.Outcomes says of its status: the handler knows
+// that this answer is final. Release and MarkUnknown win over it. Calls
+// outside the middleware do nothing.
+func Keep(r *http.Request) {
+	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
+		o.keep = true
+	}
+}
+
+// settle decides what becomes of the key once the handler answered with
+// status: what the handler said first, then Options.Outcomes.
+func (m *middleware) settle(out *outcome, status int) (release, unknown bool) {
+	switch {
+	case out.unknown:
+		return false, true
+	case out.release:
+		return true, false
+	case out.keep:
+		return false, false
+	}
+	return m.release[status], m.unknown[status]
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -345,6 +430,13 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 		return m.problem(w, Problem{Status: http.StatusRequestURITooLong, Code: contract.CodeURITooLong,
 			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), contract.MaxEndpointBytes)}, 0)
 	}
+	if r.ContentLength > m.opts.MaxRequestBytes {
+		// Refused before a byte of the body is read, so that a client that
+		// sent Expect: 100-continue gets this answer instead of the go-ahead
+		// to send a body that would be refused anyway.
+		return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
+			Detail: fmt.Sprintf("the request body is larger than %d bytes", m.opts.MaxRequestBytes)}, 0)
+	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
 	if err != nil {
 		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
@@ -371,8 +463,13 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	if r.URL.RawQuery != "" {
 		path += "?" + r.URL.RawQuery
 	}
-	fp, err := contract.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
-		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ","), Body: body}.Fingerprint(m.canonical)
+	req := contract.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
+		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ","), Body: body}
+	fp, err := req.Fingerprint(m.canonical)
+	if errors.Is(err, contract.ErrInvalidBody) && m.opts.RawFallback {
+		req.Raw = true
+		fp, err = req.Fingerprint(m.canonical)
+	}
 	if err != nil {
 		p := Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid, Detail: err.Error()}
 		var be *contract.BodyError
@@ -413,8 +510,14 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
 			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
 	case errors.Is(err, contract.ErrOutcomePending):
+		what := "may or may not have taken effect"
+		if errors.As(err, &ke) && ke.State == contract.StateFailed {
+			what = "failed, and the key stays spent"
+		}
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
-			Detail: "an earlier attempt with this idempotency key has an outcome that is not known yet; it is being reconciled"}, 0)
+			Detail: "an earlier attempt with this idempotency key " + what + "; every retry with this key gets this answer " +
+				"until the service's operator resolves it (idem resolve, or a reconciler if the service runs one). " +
+				"Do not send the operation under a new key: it would run again"}, 0)
 	case errors.Is(err, contract.ErrInvalidScope):
 		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeKeyInvalid, Detail: err.Error()}, 0)
 	default:
@@ -434,6 +537,7 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 // rather than sent as bytes the client cannot read.
 func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *contract.Record) (result string, status int) {
 	h := w.Header()
+	h.Set(contract.HeaderExpires, httpDate(rec.ExpiresAt))
 	if rec.BodyOmitted {
 		h.Set(contract.HeaderReplayed, "true")
 		h.Set(contract.HeaderBodyOmitted, "true")
@@ -470,6 +574,9 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *contrac
 	w.Write(body)
 	return OutcomeReplayed, rec.Response.Status
 }
+
+// httpDate formats t as an RFC 9110 HTTP-date.
+func httpDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 
 // contentCoding returns the codings of a stored response, lower-cased and
 // comma-separated, without identity: "" for a body sent as it is.
@@ -545,7 +652,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	// A client that disconnects must not cancel the operation: its retry
 	// should find the finished result, not a half-done one.
 	ctx := context.WithValue(context.WithoutCancel(r.Context()), ctxKey{}, out)
-	rec := &recorder{w: w, outer: w.Header().Clone(), h2: r.ProtoMajor >= 2}
+	rec := &recorder{w: w, outer: w.Header().Clone(), h2: r.ProtoMajor >= 2, expires: httpDate(lease.Record().ExpiresAt)}
 	storeCtx := context.WithoutCancel(r.Context())
 	returned := false
 	defer func() {
@@ -563,18 +670,22 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	}()
 	next.ServeHTTP(rec, r.WithContext(ctx))
 	returned = true
+	status, header, body := rec.response()
+	release, unknown := m.settle(out, status)
 	switch {
 	case rec.hijacked:
 		m.end(lease, lease.MarkUnknown(storeCtx))
 		return OutcomeHijacked, 0
-	case out.unknown:
+	case unknown:
 		m.end(lease, lease.MarkUnknown(storeCtx))
-	case out.release:
+	case release:
 		m.end(lease, lease.Release(storeCtx))
 	default:
-		status, header, body := rec.response()
 		err := lease.Complete(storeCtx, contract.Response{Status: status, Header: header, Body: body})
 		m.end(lease, err)
+		if err == nil {
+			rec.setHeader(contract.HeaderExpires, rec.expires)
+		}
 		if err != nil && rec.streaming {
 			// Most of a streamed answer is out, but not its end: breaking
 			// the connection now tells the client it does not have it.

@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -260,6 +262,32 @@ func TestSlowBodyIs408(t *testing.T) {
 
 // TestUnreadableBodyNamesNoAddress: a body that fails to arrive for any
 // other reason is refused with a detail that says so and no more.
+// TestExpectContinueOverLimitIsRefusedFirst: a body whose declared length
+// is over MaxRequestBytes is refused before it is read, so a client that
+// waits for 100 Continue gets 413 instead and never sends it.
+func TestExpectContinueOverLimitIsRefusedFirst(t *testing.T) {
+	e := setup(t, idemhttp.Options{MaxRequestBytes: 1000})
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer acme\r\n"+
+		"Idempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 1001\r\nExpect: 100-continue\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "no 100 Continue first")
+	p := problem(t, resp, string(body))
+	assert.Equal(t, contract.CodePayloadTooLarge, p.Code)
+	assert.Equal(t, "the request body is larger than 1000 bytes", p.Detail)
+	assert.Zero(t, e.app.runs.Load())
+
+	resp, _ = e.callWith(http.Header{"Expect": {"100-continue"}}, "POST", "/v1/payments", "acme", pay, "small")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode, "a body within the limit is still read")
+}
+
 func TestUnreadableBodyNamesNoAddress(t *testing.T) {
 	e := setup(t, idemhttp.Options{})
 	req := e.request(nil, "POST", "/v1/payments", "acme", "", "broken")
@@ -371,8 +399,87 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 	mode.Store("ok")
 	resp, body := e.call("POST", "/v1/payments", "acme", pay, "u")
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, contract.CodeOutcomePending, problem(t, resp, body).Code)
+	p := problem(t, resp, body)
+	assert.Equal(t, contract.CodeOutcomePending, p.Code)
+	assert.Contains(t, p.Detail, "may or may not have taken effect")
+	assert.Contains(t, p.Detail, "until the service's operator resolves it (idem resolve")
+	assert.NotContains(t, p.Detail, "being reconciled", "nothing may be reconciling it")
 	assert.Equal(t, int64(3), e.app.runs.Load(), "an unknown outcome is never re-run")
+}
+
+// TestOutcomePolicy: the statuses Options.Outcomes lists free the key or
+// leave it unknown, every other one is stored, and the handler's own word
+// wins over the policy.
+func TestOutcomePolicy(t *testing.T) {
+	e := setup(t, idemhttp.Options{Outcomes: idemhttp.OutcomePolicy{Release: []int{429, 503}, Unknown: []int{504}}})
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		status, _ := strconv.Atoi(r.Header.Get("X-Status"))
+		if r.Header.Get("X-Keep") != "" {
+			idemhttp.Keep(r)
+		}
+		w.WriteHeader(status)
+		fmt.Fprintf(w, "run %d", e.app.runs.Load())
+	}
+	send := func(key, status string, keep bool) (*http.Response, string) {
+		h := http.Header{"X-Status": {status}}
+		if keep {
+			h.Set("X-Keep", "1")
+		}
+		return e.callWith(h, "POST", "/v1/payments", "acme", pay, key)
+	}
+
+	resp, body := send("released", "429", false)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "run 1", body)
+	resp, body = send("released", "201", false)
+	assert.Equal(t, http.StatusCreated, resp.StatusCode, "a released key runs again")
+	assert.Equal(t, "run 2", body)
+
+	send("unknown", "504", false)
+	resp, body = send("unknown", "201", false)
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	assert.Equal(t, contract.CodeOutcomePending, problem(t, resp, body).Code)
+
+	send("stored", "500", false)
+	resp, body = send("stored", "201", false)
+	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode, "a status the policy does not list is replayed")
+	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, "run 4", body)
+
+	send("kept", "503", true)
+	resp, body = send("kept", "201", false)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "Keep wins over the policy")
+	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, "run 5", body)
+	assert.Equal(t, int64(5), e.app.runs.Load())
+}
+
+// TestRawFallback: with RawFallback, a body the canonicalizer refuses is
+// fingerprinted as its bytes, so its retry replays and any other bytes
+// are another request; without it, the body is refused.
+func TestRawFallback(t *testing.T) {
+	const dup = `{"amount":1,"amount":2}`
+	strict := setup(t, idemhttp.Options{})
+	resp, body := strict.call("POST", "/v1/payments", "acme", dup, "k")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Equal(t, "duplicate_member", problem(t, resp, body).BodyError)
+
+	e := setup(t, idemhttp.Options{RawFallback: true})
+	first, firstBody := e.call("POST", "/v1/payments", "acme", dup, "k")
+	assert.Equal(t, http.StatusCreated, first.StatusCode)
+	resp, body = e.call("POST", "/v1/payments", "acme", dup, "k")
+	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, firstBody, body)
+	resp, _ = e.call("POST", "/v1/payments", "acme", `{"amount":1, "amount":2}`, "k")
+	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "other bytes are another request")
+
+	form := http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
+	resp, _ = e.callWith(form, "POST", "/v1/payments", "acme", "a=100%", "f")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	resp, _ = e.callWith(form, "POST", "/v1/payments", "acme", "a=100%", "f")
+	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, int64(2), e.app.runs.Load())
+	assert.Zero(t, strict.app.runs.Load())
 }
 
 func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
@@ -499,6 +606,52 @@ func TestStoreFailureIs503(t *testing.T) {
 	assert.Zero(t, e.app.runs.Load())
 }
 
+// TestExpiryHeader: a stored answer and each replay of it say when the
+// key expires; an answer that was not stored says nothing of the kind.
+func TestExpiryHeader(t *testing.T) {
+	db, _ := idemtest.Open(t, &idem.Options{EndpointTTL: map[string]time.Duration{"POST /v1/refunds": time.Hour}})
+	e := setup(t, idemhttp.Options{Store: db})
+	first, _ := e.call("POST", "/v1/refunds", "acme", pay, "k")
+	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/refunds", Key: "k"})
+	require.NoError(t, err)
+	want := rec.ExpiresAt.UTC().Format(http.TimeFormat)
+	assert.Equal(t, want, first.Header.Get(contract.HeaderExpires))
+	replay, _ := e.call("POST", "/v1/refunds", "acme", pay, "k")
+	assert.Equal(t, "true", replay.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, []string{want}, replay.Header.Values(contract.HeaderExpires))
+	stored, err := time.Parse(http.TimeFormat, want)
+	require.NoError(t, err)
+	assert.Equal(t, rec.ExpiresAt.Truncate(time.Second).Unix(), stored.Unix())
+
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Header.Get("X-Empty") != "":
+			return // net/http answers 200 with no body
+		case r.Header.Get("X-Stream") != "":
+			io.WriteString(w, "first part ")
+			http.NewResponseController(w).Flush()
+			io.WriteString(w, "second part")
+			return
+		}
+		idemhttp.Release(r)
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	released, _ := e.call("POST", "/v1/refunds", "acme", pay, "released")
+	assert.Equal(t, http.StatusTooManyRequests, released.StatusCode)
+	assert.Empty(t, released.Header.Get(contract.HeaderExpires), "a released key has no expiry")
+	empty, _ := e.callWith(http.Header{"X-Empty": {"1"}}, "POST", "/v1/refunds", "acme", pay, "empty")
+	assert.Equal(t, http.StatusOK, empty.StatusCode)
+	assert.NotEmpty(t, empty.Header.Get(contract.HeaderExpires), "an answer without a status written is stored too")
+
+	stream := http.Header{"X-Stream": {"1"}}
+	streamed, body := e.callWith(stream, "POST", "/v1/refunds", "acme", pay, "streamed")
+	assert.Equal(t, "first part second part", body)
+	assert.NotEmpty(t, streamed.Header.Get(contract.HeaderExpires), "a streamed answer carries it from its start")
+	replay, _ = e.callWith(stream, "POST", "/v1/refunds", "acme", pay, "streamed")
+	assert.Equal(t, "true", replay.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, streamed.Header.Get(contract.HeaderExpires), replay.Header.Get(contract.HeaderExpires))
+}
+
 // TestRouteTTL: a route's TTL is the store's, set per endpoint as the
 // middleware names it.
 func TestRouteTTL(t *testing.T) {
@@ -521,10 +674,13 @@ func TestOptionsValidation(t *testing.T) {
 		Wait: -1, MismatchStatus: 500,
 		Canonical: idem.CanonicalOptions{Volatile: []string{"no-slash"}},
 		Aliases:   []string{"X-Idempotency-Key", "idempotency-key"},
+		Outcomes:  idemhttp.OutcomePolicy{Release: []int{429, 503}, Unknown: []int{503, 42}},
 	})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `Options.Aliases: "idempotency-key" is the same header as "Idempotency-Key"`)
 	assert.NotContains(t, err.Error(), "X-Idempotency-Key")
+	assert.Contains(t, err.Error(), "status 503 is in both Release and Unknown")
+	assert.Contains(t, err.Error(), "status 42 is not a final status")
 	for _, want := range []string{"Methods", "KeyAlphabet", "MaxKeyLength", "Wait", "MismatchStatus", "Canonical"} {
 		assert.Contains(t, err.Error(), want)
 	}

@@ -41,6 +41,9 @@ type recorder struct {
 	h2        bool // HTTP/2 or later, which sends trailers beside a declared length
 	overran   bool // the handler wrote past the declared length
 	out       int  // bytes of body the client was given
+	// expires is the key's expiry as an HTTP-date, which a streamed
+	// answer carries from its start.
+	expires string
 }
 
 func (r *recorder) Header() http.Header { return r.w.Header() }
@@ -101,6 +104,11 @@ func (r *recorder) Flush() {
 	}
 	if !r.streaming {
 		r.streaming = true
+		// The header leaves now, before the outcome is stored: it says
+		// when the key expires if the answer is stored.
+		if r.expires != "" {
+			r.sent.Set(contract.HeaderExpires, r.expires)
+		}
 		r.writeStatus()
 	}
 	r.pass(false)
@@ -168,6 +176,16 @@ func (r *recorder) send() int {
 	return r.status
 }
 
+// setHeader sets a field of the answer that is not part of the stored
+// response, such as its expiry; it reaches the client only if the status
+// has not been written yet.
+func (r *recorder) setHeader(name, value string) {
+	r.w.Header().Set(name, value)
+	if r.sent != nil {
+		r.sent.Set(name, value)
+	}
+}
+
 // response is what the recorder saw, as it is stored.
 func (r *recorder) response() (status int, header http.Header, body []byte) {
 	if r.status == 0 {
@@ -232,7 +250,7 @@ func (r *recorder) trailers(prefixed bool) http.Header {
 var hopByHop = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Transfer-Encoding": true, "Upgrade": true, "Date": true,
-	contract.HeaderKey: true, contract.HeaderReplayed: true, contract.HeaderBodyOmitted: true,
+	contract.HeaderKey: true, contract.HeaderReplayed: true, contract.HeaderBodyOmitted: true, contract.HeaderExpires: true,
 }
 
 // appendPrefix marks, in a stored header, the values a handler added to a

@@ -273,12 +273,43 @@ func hangsUp(t *testing.T, addr, msg string, pace time.Duration) bool {
 	}
 }
 
+// TestHostileBodiesRawProxy sends the bodies the canonicalizer refuses,
+// all but the thousands of truncations and corruptions, through a proxy
+// that hashes them as raw bytes, as it does by default: twice each under
+// one key. The upstream gets each once, and the retry is its replay.
+func TestHostileBodiesRawProxy(t *testing.T) {
+	up := startUpstream(t, 0)
+	proxy, url := startProxy(t, proxyArgs(t.TempDir(), "127.0.0.1:0", up.url))
+	client := newClient()
+	sent := 0
+	for i, in := range hostileInputs() {
+		if in.code != contract.CodeBodyInvalid || in.class == "truncated JSON" || in.class == "corrupted JSON" {
+			continue
+		}
+		header := []string{"Idempotency-Key", fmt.Sprint("raw-", i), crashtest.TenantHeader, "t"}
+		first, err := do(context.Background(), client, "POST", url+chargePath, in.body, header...)
+		require.NoError(t, err)
+		retry, err := do(context.Background(), client, "POST", url+chargePath, in.body, header...)
+		require.NoError(t, err)
+		assert.NotEqual(t, contract.CodeBodyInvalid, first.code(), "%s %d", in.class, i)
+		assert.True(t, retry.replayed(), "%s %d: %.80q", in.class, i, in.body)
+		assert.Equal(t, first.comparable(), retry.comparable(), "%s %d", in.class, i)
+		sent++
+	}
+	assert.Equal(t, sent, up.executions(t), "each body runs once")
+	require.NoError(t, proxy.Signal(syscallTERM()))
+	code, err := proxy.Wait(guard)
+	require.NoError(t, err)
+	require.Equal(t, 0, code, proxy.Stderr())
+	t.Logf("bodies hashed raw through the proxy: %d, each run once", sent)
+}
+
 // TestHostileInputProxy sends the hostile inputs through a real idem
-// proxy, plus what only a raw connection can send (broken framing,
-// oversized headers, control bytes, a slow-loris client). The upstream
-// journal must stay empty but for the control requests, and the store must
-// hold only theirs. It runs once on each store: a proxy with --data, and a
-// replica with --store on PostgreSQL.
+// proxy with --strict-canonical, plus what only a raw connection can send
+// (broken framing, oversized headers, control bytes, a slow-loris client).
+// The upstream journal must stay empty but for the control requests, and
+// the store must hold only theirs. It runs once on each store: a proxy
+// with --data, and a replica with --store on PostgreSQL.
 func TestHostileInputProxy(t *testing.T) {
 	for _, ps := range proxyStores {
 		t.Run("store="+ps.name, func(t *testing.T) { hostileInputProxy(t, ps.new(t)) })
@@ -287,7 +318,7 @@ func TestHostileInputProxy(t *testing.T) {
 
 func hostileInputProxy(t *testing.T, store proxyStore) {
 	up := startUpstream(t, 0)
-	proxy, url := startProxy(t, store.args("127.0.0.1:0", up.url))
+	proxy, url := startProxy(t, store.args("127.0.0.1:0", up.url, "--strict-canonical"))
 	addr := strings.TrimPrefix(url, "http://")
 	client := newClient()
 

@@ -19,6 +19,7 @@ func runFingerprint(args []string, stdin io.Reader, stdout, stderr io.Writer) in
 	fs.StringVar(&r.Tenant, "tenant", "", "tenant the request was made for (required; may be empty)")
 	fs.StringVar(&r.ContentType, "content-type", "application/json", "Content-Type header of the request")
 	fs.StringVar(&r.ContentEncoding, "content-encoding", "", "Content-Encoding header of the request; FILE then holds the body as sent, still encoded")
+	fs.BoolVar(&r.Raw, "raw", false, "hash the body as its raw bytes, as idem proxy does with a JSON or form body that cannot be canonicalized (and idemhttp with Options.RawFallback)")
 	profile := fs.String("profile", "exact", "number profile: exact or jcs")
 	var volatile []string
 	fs.Func("volatile", "JSON Pointers of members to ignore, comma-separated; may be repeated", func(v string) error {
@@ -32,7 +33,8 @@ func runFingerprint(args []string, stdin io.Reader, stdout, stderr io.Writer) in
 	showBody := fs.Bool("show-body", false, "also print the canonical body that is hashed, after the fingerprint")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem fingerprint --method M --path P --tenant T [--content-type CT]
-                        [--content-encoding CE] [--volatile PTR,...] [--profile exact|jcs] [--show-body] [FILE]
+                        [--content-encoding CE] [--volatile PTR,...] [--profile exact|jcs]
+                        [--raw] [--show-body] [FILE]
 
 Prints the request fingerprint (hex SHA-256) for the body in FILE (or
 standard input, also when FILE is "-"). Two requests that share an

@@ -32,6 +32,19 @@ func TestFingerprint(t *testing.T) {
 	assert.Equal(t, first.stdout+`{"amount":4200,"items":[{"sku":"a"}]}`+"\n", shown.stdout)
 }
 
+// TestFingerprintRawFlag: --raw prints what the proxy stores for a body
+// it cannot canonicalize.
+func TestFingerprintRawFlag(t *testing.T) {
+	const dup = `{"a":1,"a":2}`
+	r := runIdem(t, dup, "fingerprint", "--method", "POST", "--path", "/p", "--tenant", "t", "--raw")
+	require.Equal(t, 0, r.code, r.stderr)
+	want, err := idem.Request{Method: "POST", Path: "/p", Tenant: "t", ContentType: "application/json", Body: []byte(dup), Raw: true}.
+		Fingerprint(idem.CanonicalOptions{})
+	require.NoError(t, err)
+	assert.Equal(t, want.String()+"\n", r.stdout)
+	assert.Equal(t, 1, runIdem(t, dup, "fingerprint", "--method", "POST", "--path", "/p", "--tenant", "t").code)
+}
+
 func TestFingerprintRawAndForm(t *testing.T) {
 	base := []string{"fingerprint", "--method", "POST", "--path", "/p", "--tenant", ""}
 	form := append(base, "--content-type", "application/x-www-form-urlencoded", "--show-body")

@@ -13,10 +13,12 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -26,7 +28,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	store := addStoreFlags(fs, "directory of the idempotency store (one process at a time)")
 	listen := fs.String("listen", "127.0.0.1:8081", "address to accept clients on; port 0 picks a free one")
 	upstream := fs.String("upstream", "", "base URL of the service to protect, e.g. http://127.0.0.1:3000 (required)")
-	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none")
+	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none (every caller shares one key space and so each other's stored answers; warned about at start)")
 	ttl := fs.Duration("ttl", 0, "how long a key is remembered, at least ten leases (default 24h)")
 	lease := fs.Duration("lease", 0, "how long a claim may run before it counts as abandoned (default 30s)")
 	upstreamTimeout := fs.Duration("upstream-timeout", 0, "how long the upstream may take to answer in full; past it the outcome is recorded unknown (default 80% of the lease)")
@@ -36,6 +38,10 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(&maxBody, "max-body", "largest request body, a `SIZE` in bytes or with a unit (512KiB, 1MiB); larger ones get 413")
 	maxStored := byteSize(4 << 20)
 	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
+	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
+	unknownStatus := fs.String("unknown-status", "", "upstream statuses after which the outcome is recorded unknown, since the upstream may or may not have acted: the answer reaches the client and retries get 409 outcome_pending until an operator resolves the key; a `LIST` like --release-status's (default none)")
+	strict := fs.Bool("strict-canonical", false, "refuse a JSON or form body that cannot be canonicalized (duplicate members, NaN, deep nesting, a bare % in a form) with 400 request_body_invalid; by default its raw bytes are fingerprinted instead, so a retry must send the same bytes")
+	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status and strict_canonical; a request no route matches gets the flags' settings")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz; port 0 picks a free one, empty turns it off")
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
@@ -44,7 +50,9 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR | --store DSN] [--listen ADDR]
                   [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
-                  [--max-body SIZE] [--max-stored-body SIZE] [--drain D]
+                  [--max-body SIZE] [--max-stored-body SIZE]
+                  [--release-status LIST] [--unknown-status LIST]
+                  [--routes FILE] [--strict-canonical] [--drain D]
                   [--admin ADDR] [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
@@ -57,7 +65,22 @@ but its end), and every retry gets that response again
 whose body is over --max-stored-body is not kept, and its retries get 410
 response_body_omitted instead. The same key with a different request gets
 422; a duplicate of a request still running gets 409 with Retry-After.
-The key is forwarded, so the upstream can pass it on to its own providers.
+A stored answer and its replays say when the key expires
+(Idempotency-Key-Expires). The key is forwarded, so the upstream can pass
+it on to its own providers.
+
+--routes FILE gives routes settings of their own: a JSON object that
+maps ServeMux patterns (POST /v1/charges/{id}) to "require" (methods
+that must carry a key; [] for none), "ttl", "volatile" (JSON Pointers
+left out of the fingerprint), "release_status", "unknown_status" and
+"strict_canonical". The most specific pattern that matches the cleaned
+path wins; a request none matches gets the flags' settings. A route's
+keys are stored under its pattern.
+
+A JSON or form body the upstream may accept but that cannot be put in
+canonical form (duplicate members, NaN, nesting deeper than 128, a bare %
+in a form) is fingerprinted as its raw bytes: its retry must send the
+same bytes. --strict-canonical refuses such bodies with 400 instead.
 
 The records are kept in the directory --data names, which one process
 holds at a time, or with --store DSN in PostgreSQL: then any number of
@@ -65,11 +88,17 @@ proxies in front of replicas of the upstream share them, a key claimed
 through one is in progress through all, and the operator tools run
 beside them. The proxy applies the schema's migrations when it starts.
 
-Every response the upstream gives is recorded, errors included. When the
-upstream cannot be reached at all the key is freed and the proxy answers
-502; when it fails or times out after the request was sent, the outcome is
-recorded unknown (retries get 409 outcome_pending until it is resolved)
-and the proxy answers 502 or 504.
+Every response the upstream gives is recorded, errors included, unless
+--release-status or --unknown-status lists its status: then the answer
+reaches the client, and the key is freed (a retry runs again) or its
+outcome is recorded unknown. The upstream may say it per answer with the
+response header Idempotency-Outcome: release, unknown or store (replay
+this answer whatever the lists say); the proxy removes the header before
+the client sees the answer. When the upstream cannot be reached at all
+the key is freed and the proxy answers 502; when it fails or times out
+after the request was sent, the outcome is recorded unknown (retries get
+409 outcome_pending until it is resolved) and the proxy answers 502 or
+504.
 
 The listener speaks HTTP/1.1: a client that opens with HTTP/2 without
 TLS (prior knowledge) gets 505 and a closed connection, and nothing
@@ -117,6 +146,13 @@ key itself.
 	if len(methods) == 0 {
 		return usageErr("--require names no method")
 	}
+	var outcomes idemhttp.OutcomePolicy
+	if outcomes.Release, err = parseStatuses(*releaseStatus); err != nil {
+		return usageErr("--release-status: %v", err)
+	}
+	if outcomes.Unknown, err = parseStatuses(*unknownStatus); err != nil {
+		return usageErr("--unknown-status: %v", err)
+	}
 	if *drain <= 0 {
 		return usageErr("--drain %s must be positive", *drain)
 	}
@@ -127,6 +163,10 @@ key itself.
 		return usageErr("--max-stored-body %d must be positive", maxStored)
 	}
 	log := newLogger(stderr)
+	if *tenantFrom == "none" {
+		log.Warn("idem proxy: --tenant-from none: all callers share one key space and each other's stored responses; " +
+			"a caller who sends another's key gets that caller's answer. Use it only behind a single trusted client")
+	}
 	effectiveLease := *lease
 	if effectiveLease == 0 {
 		effectiveLease = 30 * time.Second
@@ -141,7 +181,19 @@ key itself.
 		return usageErr("--upstream-timeout %s must be positive and shorter than the lease (%s)", timeout, effectiveLease)
 	}
 
-	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
+	var routes *routeTable
+	var endpointTTL map[string]time.Duration
+	if *routesFile != "" {
+		// The store refuses a TTL under ten leases; said here, the
+		// message can name the route's line.
+		if routes, err = readRoutes(*routesFile, 10*effectiveLease); err != nil {
+			fmt.Fprintf(stderr, "idem proxy: --routes %v\n", err)
+			return 2
+		}
+		endpointTTL = routes.ttls()
+	}
+
+	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, endpointTTL: endpointTTL, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
 	if db == nil {
 		if code == 2 {
 			fs.Usage()
@@ -154,21 +206,34 @@ key itself.
 		fmt.Fprintf(stderr, "idem proxy: %v\n", err)
 		return 1
 	}
-	mw, err := idemhttp.New(idemhttp.Options{
+	base := idemhttp.Options{
 		Store:           db,
 		Tenant:          tenant,
 		Methods:         methods,
 		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,
+		Outcomes:        outcomes,
+		RawFallback:     !*strict,
 		ProblemBase:     *problemBase,
 		Logger:          log,
 		Observe:         adm.observer.Observe,
-	})
+	}
+	mw, err := idemhttp.New(base)
 	if err != nil {
 		db.Close()
 		return usageErr("%v", err)
 	}
-	h := http1Only(*problemBase, mw(newProxyHandler(target, timeout, *problemBase, log)))
+	forward := newProxyHandler(target, timeout, *problemBase, log)
+	protected := mw(forward)
+	if routes != nil {
+		if err := routes.build(base, forward); err != nil {
+			db.Close()
+			fmt.Fprintf(stderr, "idem proxy: --routes %v\n", err)
+			return 2
+		}
+		protected = routes.handler(protected)
+	}
+	h := http1Only(*problemBase, protected)
 	var adminH http.Handler
 	if *adminAddr != "" {
 		mux := http.NewServeMux()
@@ -193,6 +258,33 @@ func parseUpstream(s string) (*url.URL, error) {
 		return nil, fmt.Errorf("--upstream %q must not have a query or fragment", s)
 	}
 	return u, nil
+}
+
+// parseStatuses reads a list of statuses: comma-separated codes (429),
+// classes (5xx) and ranges (500-504), each between 200 and 999.
+func parseStatuses(s string) ([]int, error) {
+	var out []int
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(item, "-")
+		if class, ok := strings.CutSuffix(item, "xx"); ok && len(class) == 1 && !isRange {
+			lo, hi = class+"00", class+"99"
+		} else if !isRange {
+			hi = lo
+		}
+		from, err1 := strconv.Atoi(lo)
+		to, err2 := strconv.Atoi(hi)
+		if err1 != nil || err2 != nil || len(lo) != 3 || len(hi) != 3 || from > to || from < 200 {
+			return nil, fmt.Errorf("%q is not a status (429), a class (5xx) or a range (500-504) of final statuses", item)
+		}
+		for st := from; st <= to; st++ {
+			out = append(out, st)
+		}
+	}
+	return out, nil
 }
 
 // parseTenantFrom turns --tenant-from into the middleware's Tenant func.
@@ -307,7 +399,8 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 		// response; an upstream that echoes the key too would otherwise
 		// send it twice, and first answers would differ from replays.
 		ModifyResponse: func(res *http.Response) error {
-			for _, name := range []string{"Idempotency-Key", "Idempotent-Replayed", "Idempotent-Body-Omitted"} {
+			applyOutcome(res, log)
+			for _, name := range []string{contract.HeaderKey, contract.HeaderReplayed, contract.HeaderBodyOmitted, contract.HeaderExpires, contract.HeaderOutcome} {
 				res.Header.Del(name)
 			}
 			return nil
@@ -333,6 +426,29 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 		defer cancel()
 		rp.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// applyOutcome tells the middleware what the upstream said of its answer
+// in contract.HeaderOutcome. The response's request is the one the proxy
+// sent, whose context carries the middleware's outcome. A value the proxy
+// does not know changes nothing: the status lists decide, as if the
+// upstream had said nothing.
+func applyOutcome(res *http.Response, log *slog.Logger) {
+	vs := res.Header.Values(contract.HeaderOutcome)
+	if len(vs) == 0 {
+		return
+	}
+	switch v := strings.ToLower(strings.TrimSpace(strings.Join(vs, ","))); v {
+	case "release":
+		idemhttp.Release(res.Request)
+	case "unknown":
+		idemhttp.MarkUnknown(res.Request)
+	case "store":
+		idemhttp.Keep(res.Request)
+	default:
+		log.Warn("idem proxy: the upstream's "+contract.HeaderOutcome+" is not release, unknown or store; ignored",
+			"method", res.Request.Method, "path", res.Request.URL.Path, "value", v)
+	}
 }
 
 // hideKeyFromTransport stores the idempotency key fields under their

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,8 @@ import (
 //	/stream  sends a first part, waits for more, sends the rest
 //	/cut     sends a first part and drops the connection
 //	/error   answers 500
+//	/status  answers the status its X-Status header names, with the
+//	         Idempotency-Outcome its X-Outcome names, if any
 //	other    answers 201 with what it received
 type upstream struct {
 	*httptest.Server
@@ -97,6 +100,15 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	case "/error":
 		http.Error(w, "upstream broke", http.StatusInternalServerError)
+		return
+	case "/status":
+		if o := r.Header.Get("X-Outcome"); o != "" {
+			w.Header().Set("Idempotency-Outcome", o)
+		}
+		w.Header().Set("Idempotency-Key-Expires", "the upstream's own")
+		code, _ := strconv.Atoi(r.Header.Get("X-Status"))
+		w.WriteHeader(code)
+		fmt.Fprintf(w, "run %d", run)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -577,6 +589,78 @@ func TestProxyRestart(t *testing.T) {
 	assert.Empty(t, second.stdout)
 }
 
+// TestProxyOutcomePolicy: --release-status frees the key, --unknown-status
+// leaves it unknown, and any other status is stored and replayed.
+func TestProxyOutcomePolicy(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u, "--release-status", "429, 502-503", "--unknown-status", "504")
+	status := func(key string, code int) reply {
+		return send(t, "POST", p.url+"/status", `{}`, append(keyed(key), "X-Status", strconv.Itoa(code))...)
+	}
+
+	key := newKey()
+	r := status(key, 503)
+	assert.Equal(t, http.StatusServiceUnavailable, r.status)
+	assert.Equal(t, http.StatusCreated, status(key, 201).status, "a released key runs again")
+	assert.Equal(t, 2, u.count(auth, key))
+
+	key = newKey()
+	assert.Equal(t, http.StatusGatewayTimeout, status(key, 504).status)
+	r = status(key, 201)
+	assert.Equal(t, http.StatusConflict, r.status)
+	assert.Equal(t, "outcome_pending", r.code(t))
+
+	key = newKey()
+	first := status(key, 500)
+	r = status(key, 201)
+	assert.Equal(t, http.StatusInternalServerError, r.status, "an unlisted status is stored")
+	assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, string(first.body), string(r.body))
+	assert.Equal(t, 1, u.count(auth, key))
+}
+
+// TestProxyUpstreamOutcomeHeader: the upstream's Idempotency-Outcome
+// overrides the status lists, and no client ever sees it.
+func TestProxyUpstreamOutcomeHeader(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u, "--release-status", "503")
+	said := func(key string, code int, outcome string) reply {
+		r := send(t, "POST", p.url+"/status", `{}`, append(keyed(key), "X-Status", strconv.Itoa(code), "X-Outcome", outcome)...)
+		assert.NotContains(t, r.header, "Idempotency-Outcome")
+		assert.NotEqual(t, "the upstream's own", r.header.Get("Idempotency-Key-Expires"), "only the proxy says when a key expires")
+		return r
+	}
+
+	key := newKey()
+	assert.Equal(t, http.StatusCreated, said(key, 201, "release").status)
+	assert.Empty(t, said(key, 201, "").header.Get("Idempotent-Replayed"), "released: the retry runs")
+	assert.Equal(t, 2, u.count(auth, key))
+
+	key = newKey()
+	said(key, 201, "Unknown")
+	assert.Equal(t, "outcome_pending", said(key, 201, "").code(t))
+
+	key = newKey()
+	said(key, 503, "store")
+	r := said(key, 201, "")
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "store wins over --release-status")
+	assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+
+	key = newKey()
+	said(key, 201, "later")
+	assert.Equal(t, "true", said(key, 201, "").header.Get("Idempotent-Replayed"), "a value the proxy does not know changes nothing")
+
+	r = send(t, "GET", p.url+"/status", "", "X-Status", "200", "X-Outcome", "release")
+	assert.Equal(t, http.StatusOK, r.status)
+	assert.NotContains(t, r.header, "Idempotency-Outcome", "stripped from an unrecorded answer too")
+	assert.NotContains(t, r.header, "Idempotency-Key-Expires")
+
+	require.Equal(t, 0, p.stop())
+	assert.Contains(t, p.stderr.String(), "is not release, unknown or store; ignored")
+}
+
 func TestProxyTenantFrom(t *testing.T) {
 	u := newUpstream(t)
 	u.Start()
@@ -602,6 +686,12 @@ func TestProxyTenantFrom(t *testing.T) {
 	assert.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
 	assert.Equal(t, 1, u.count("", key))
 	assert.Equal(t, "idempotency_key_missing", send(t, "PATCH", none.url+"/v1/payments/1", `{}`).code(t))
+
+	// Standard error is read in full once the process has exited.
+	require.Equal(t, 0, none.stop())
+	assert.Contains(t, none.stderr.String(), "--tenant-from none: all callers share one key space and each other's stored responses")
+	require.Equal(t, 0, byHeader.stop())
+	assert.NotContains(t, byHeader.stderr.String(), "share")
 }
 
 func TestProxyUsage(t *testing.T) {
@@ -623,6 +713,9 @@ func TestProxyUsage(t *testing.T) {
 		{"no stored body", []string{"--upstream", "http://x", "--max-stored-body", "0"}, "--max-stored-body 0 must be positive"},
 		{"stored body unit", []string{"--upstream", "http://x", "--max-stored-body", "4XB"}, "want a number of bytes"},
 		{"relative problem base", []string{"--upstream", "http://x", "--problem-base", "errors/"}, "Options.ProblemBase"},
+		{"status list", []string{"--upstream", "http://x", "--release-status", "429,5x"}, `--release-status: "5x" is not a status`},
+		{"status range", []string{"--upstream", "http://x", "--unknown-status", "504-500"}, `--unknown-status: "504-500" is not`},
+		{"status twice", []string{"--upstream", "http://x", "--release-status", "503", "--unknown-status", "5xx"}, "status 503 is in both"},
 		{"unknown flag", []string{"--upstream", "http://x", "--port", "1"}, "flag provided but not defined"},
 		{"argument", []string{"--upstream", "http://x", "extra"}, `unexpected argument "extra"`},
 	}

@@ -114,6 +114,8 @@ func pgWhere(dsn string) string {
 // means the store's default.
 type serverOptions struct {
 	ttl, lease time.Duration
+	// endpointTTL overrides ttl for the endpoints it names.
+	endpointTTL map[string]time.Duration
 	// maxBodyBytes is the largest response body kept for replays.
 	maxBodyBytes int64
 	logger       *slog.Logger
@@ -129,7 +131,7 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 		events = o.logger
 	}
 	if !s.postgres() {
-		opts := &idem.Options{TTL: o.ttl, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events}
+		opts := &idem.Options{TTL: o.ttl, EndpointTTL: o.endpointTTL, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events}
 		if o.maxBodyBytes > 0 {
 			// Bodies are kept inside the record up to the smaller of the
 			// two, which idem.Open requires to be no larger than the cap.
@@ -139,7 +141,7 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
-	db, err := pgstore.Open(ctx, s.dsn, &pgstore.Options{TTL: o.ttl, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events,
+	db, err := pgstore.Open(ctx, s.dsn, &pgstore.Options{TTL: o.ttl, EndpointTTL: o.endpointTTL, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events,
 		Migrate: pgstore.MigrateApply})
 	if err != nil {
 		return nil, s.pgOpenFailed(name, err, stderr)
