@@ -184,9 +184,9 @@ key itself.
 	var routes *routeTable
 	var endpointTTL map[string]time.Duration
 	if *routesFile != "" {
-		// The store refuses a TTL under ten leases; said here, the
-		// message can name the route's line.
-		if routes, err = readRoutes(*routesFile, 10*effectiveLease); err != nil {
+		// The store refuses a TTL under contract.MinTTLLeases leases;
+		// said here, the message can name the route's line.
+		if routes, err = readRoutes(*routesFile, contract.MinTTLLeases*effectiveLease); err != nil {
 			fmt.Fprintf(stderr, "idem proxy: --routes %v\n", err)
 			return 2
 		}

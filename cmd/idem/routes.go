@@ -131,7 +131,7 @@ func newRoute(pattern, where string, s routeSettings, minTTL time.Duration) (*ro
 		case err != nil:
 			return nil, fmt.Errorf("ttl: %q is not a duration (48h, 90m)", s.TTL)
 		case d < minTTL:
-			return nil, fmt.Errorf("ttl %s must be at least ten leases (%s)", d, minTTL)
+			return nil, fmt.Errorf("ttl %s must be at least %d leases (%s)", d, contract.MinTTLLeases, minTTL)
 		}
 		rt.ttl = d
 	}

@@ -32,7 +32,7 @@ func TestReadRoutesRefusesBadFiles(t *testing.T) {
 		{"same pattern twice", "{\"POST /x\": {},\n\"POST /x\": {}}", `routes.json:2: route "POST /x": pattern "POST /x"`},
 		{"conflict", "{\"POST /x/{a}\": {},\n\"/{b}/y\": {}}", "conflicts with pattern"},
 		{"ttl", "{\"POST /x\": {\"ttl\": \"two days\"}}", `routes.json:1: route "POST /x": ttl: "two days" is not a duration`},
-		{"short ttl", "{\"POST /x\": {\"ttl\": \"1m\"}}", "ttl 1m0s must be at least ten leases (5m0s)"},
+		{"short ttl", "{\"POST /x\": {\"ttl\": \"1m\"}}", "ttl 1m0s must be at least 10 leases (5m0s)"},
 		{"volatile", "{\"POST /x\": {\"volatile\": [\"sent_at\"]}}", `route "POST /x": volatile: idem: CanonicalOptions.Volatile[0]`},
 		{"status", "{\"POST /x\": {\"release_status\": \"4xx,5\"}}", `route "POST /x": release_status: "5" is not a status`},
 		{"empty method", "{\"POST /x\": {\"require\": [\"\"]}}", "require: a method is empty"},
