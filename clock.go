@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -139,4 +140,45 @@ func (db *DB) warnAhead(now time.Time) {
 	db.opts.Logger.Warn("idem: the clock is past the expiry of every record written up to the clock mark; "+
 		"if it jumped ahead, the sweep deletes those records early",
 		"ahead", time.Duration(now.UnixNano()-mark), "clock", now.UTC(), "mark", time.Unix(0, mark).UTC())
+}
+
+// ClockMark returns the store's clock mark: the newest clock reading it
+// has written under, and false when it has written none.
+func (db *DB) ClockMark() (time.Time, bool) {
+	mark := db.clock.seen.Load()
+	if mark == noMark {
+		return time.Time{}, false
+	}
+	return time.Unix(0, mark), true
+}
+
+// ResetClockMark moves the clock mark back to the clock's reading, for a
+// mark that a clock wrongly ahead left behind, and returns the new mark.
+// Nothing else changes: records written under that clock keep its times,
+// so they expire that much later, and a claim still in progress from
+// then holds its lease until that clock's time. It is for tools (idem
+// clock --reset) run while nothing else uses the store: a write under a
+// later reading moves the mark on again.
+func (db *DB) ResetClockMark(ctx context.Context) (time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	if err := db.enter(); err != nil {
+		return time.Time{}, err
+	}
+	defer db.exit()
+	now := db.now()
+	t := now.UnixNano()
+	// Both values change before the commit, so that its group's stamp
+	// does not add the old mark after the new one.
+	db.clock.seen.Store(t)
+	db.clock.stored.Store(t)
+	err := db.commits.Commit(func(b *pebble.Batch) error {
+		return b.Set(keys.Clock, binary.BigEndian.AppendUint64(nil, uint64(t)), nil)
+	})
+	if err != nil {
+		return time.Time{}, err
+	}
+	db.opts.Logger.Warn("idem: clock mark reset to the clock", "mark", now.UTC())
+	return now, nil
 }

@@ -195,3 +195,40 @@ func TestSweepWarnsWhenClockPassesEverything(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), m.Events[idem.EventSwept])
 }
+
+// TestResetClockMark lowers a mark that a clock wrongly ahead left: claims
+// are accepted at once, and the lowered mark is the one a reopened store
+// finds.
+func TestResetClockMark(t *testing.T) {
+	fs := vfs.NewMem()
+	clock := fake.NewClock()
+	opts := &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1, Logger: discard()}
+	db, err := idem.Open("db", opts)
+	require.NoError(t, err)
+	_, ok := db.ClockMark()
+	assert.False(t, ok)
+	clock.Advance(24 * time.Hour)
+	claim(t, db, scope("ahead"), fp("a"))
+	clock.Advance(-24 * time.Hour)
+	_, _, err = db.Claim(ctx, scope("k"), fp("a"))
+	require.ErrorIs(t, err, idem.ErrClockBehind)
+
+	mark, err := db.ResetClockMark(ctx)
+	require.NoError(t, err)
+	assert.True(t, clock.Now().Equal(mark))
+	got, ok := db.ClockMark()
+	require.True(t, ok)
+	assert.True(t, mark.Equal(got))
+	require.NoError(t, db.Close())
+	_, err = db.ResetClockMark(ctx)
+	require.ErrorIs(t, err, idem.ErrClosed)
+
+	db, err = idem.Open("db", opts)
+	require.NoError(t, err)
+	defer db.Close()
+	got, ok = db.ClockMark()
+	require.True(t, ok)
+	assert.True(t, mark.Equal(got))
+	claim(t, db, scope("k"), fp("a"))
+	idem.RequireConsistent(t, db)
+}

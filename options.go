@@ -89,9 +89,10 @@ type Options struct {
 	// Default: slog.Default().
 	Logger *slog.Logger
 
-	// Events receives one Info record per state transition of a record:
-	// claimed, replayed, conflict, mismatch, pending, completed, released,
-	// unknown, failed, taken_over, reconciled and swept. Each carries the
+	// Events receives one Info record per state transition of a record,
+	// and per answer a claim gets: claimed, replayed, conflict, mismatch,
+	// pending, completed, released, unknown, failed, taken_over,
+	// reconciled, swept and clock_behind. Each carries the
 	// tenant, the endpoint, a hash of the key (never the key itself), a
 	// fingerprint prefix, the state, the response status when there is
 	// one, and the latency: how long the claim took for claim-time events,
