@@ -27,8 +27,9 @@ import (
 // costs no sync of its own and survives a crash up to markStep late.
 // Claim and TakeOver refuse with ErrClockBehind while the clock reads
 // further behind the mark than Options.ClockTolerance, and change
-// nothing; the mark itself only ever moves forward, so it follows the
-// clock again once the clock has passed it.
+// nothing. The mark only moves forward, so it follows the clock again
+// once the clock has passed it; a mark that a clock wrongly ahead left
+// behind is moved back by ResetClockMark, a tool's call.
 //
 // Everything else goes on under the clock as it reads. Lease calls store
 // the outcome of an operation that has run, which matters more than the
