@@ -2,6 +2,7 @@ package idem_test
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -231,4 +232,30 @@ func TestResetClockMark(t *testing.T) {
 	assert.True(t, mark.Equal(got))
 	claim(t, db, scope("k"), fp("a"))
 	idem.RequireConsistent(t, db)
+}
+
+// TestClockBehindHoldsReconciliation steps the clock back a little past
+// the tolerance while a claim is overdue: the reconciler gets no lease
+// until the clock is right.
+func TestClockBehindHoldsReconciliation(t *testing.T) {
+	var calls int
+	db, clock := idemtest.Open(t, &idem.Options{Logger: discard(), TTL: time.Hour, Lease: time.Minute,
+		Reconcile: func(ctx context.Context, l idem.Lease) error { calls++; return l.MarkUnknown(ctx) }})
+	claim(t, db, scope("stuck"), fp("a"))
+	clock.Advance(2 * time.Minute)
+	claim(t, db, scope("later"), fp("a"))
+
+	clock.Advance(-10 * time.Second)
+	_, err := db.Reconcile(ctx)
+	require.ErrorIs(t, err, idem.ErrClockBehind)
+	assert.Zero(t, calls)
+	rec, err := db.Get(ctx, scope("stuck"))
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateInProgress, rec.State)
+
+	clock.Advance(10 * time.Second)
+	res, err := db.Reconcile(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, res.Resolved)
+	assert.Equal(t, 1, calls)
 }
