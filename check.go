@@ -211,7 +211,7 @@ func (c *checker) visit(it *pebble.Iterator) error {
 	case keys.TagBody:
 		return c.chunk(k)
 	case keys.TagMeta:
-		if !bytes.Equal(k, keys.Schema) {
+		if !bytes.Equal(k, keys.Schema) && !bytes.Equal(k, keys.Clock) {
 			c.unknownKey(k)
 		}
 	default:

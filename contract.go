@@ -28,18 +28,19 @@ type (
 
 // The events a store counts and logs; see contract.Event.
 const (
-	EventClaimed    = contract.EventClaimed
-	EventReplayed   = contract.EventReplayed
-	EventConflict   = contract.EventConflict
-	EventMismatch   = contract.EventMismatch
-	EventPending    = contract.EventPending
-	EventCompleted  = contract.EventCompleted
-	EventReleased   = contract.EventReleased
-	EventUnknown    = contract.EventUnknown
-	EventFailed     = contract.EventFailed
-	EventTakenOver  = contract.EventTakenOver
-	EventReconciled = contract.EventReconciled
-	EventSwept      = contract.EventSwept
+	EventClaimed     = contract.EventClaimed
+	EventReplayed    = contract.EventReplayed
+	EventConflict    = contract.EventConflict
+	EventMismatch    = contract.EventMismatch
+	EventPending     = contract.EventPending
+	EventCompleted   = contract.EventCompleted
+	EventReleased    = contract.EventReleased
+	EventUnknown     = contract.EventUnknown
+	EventFailed      = contract.EventFailed
+	EventTakenOver   = contract.EventTakenOver
+	EventReconciled  = contract.EventReconciled
+	EventSwept       = contract.EventSwept
+	EventClockBehind = contract.EventClockBehind
 )
 
 // Limits on a Scope; see contract.MaxKeyBytes.
@@ -62,6 +63,7 @@ var (
 	ErrInvalidResponse     = contract.ErrInvalidResponse
 	ErrInvalidOptions      = contract.ErrInvalidOptions
 	ErrCorrupt             = contract.ErrCorrupt
+	ErrClockBehind         = contract.ErrClockBehind
 )
 
 // Errors of the embedded store alone.

@@ -48,6 +48,7 @@ type DB struct {
 	sweeper *compaction.Sweeper
 	tally   contract.Tally
 	waiting waiters
+	clock   clockMark
 
 	// ops is read-locked by every operation and write-locked by Close, so
 	// that Close waits for operations in flight and none starts after it.
@@ -152,9 +153,13 @@ func Open(dir string, opts *Options) (*DB, error) {
 	}
 	wal.SetLive(true)
 	db := &DB{opts: o, pdb: pdb, wal: wal, lock: lock, stop: make(chan struct{})}
-	db.commits = commit.New(pdb, yield, memTableBytes/4)
+	db.commits = commit.New(pdb, yield, memTableBytes/4, db.clock.stamp)
 	db.rows = rows.New(pdb, db.commits, db.stop)
-	if err := db.checkSchema(); err != nil {
+	err = db.checkSchema()
+	if err == nil {
+		err = db.clock.load(pdb)
+	}
+	if err != nil {
 		db.commits.Close()
 		wal.SetLive(false)
 		pdb.Close()
@@ -279,7 +284,10 @@ func (db *DB) end(st *rows.Stripe) {
 
 // Claim tries to take the key in s for an operation with fingerprint fp,
 // as contract.Store.Claim says. The record's TTL is Options.TTL, or the
-// one Options.EndpointTTL gives s.Endpoint.
+// one Options.EndpointTTL gives s.Endpoint. While the clock reads further
+// behind the newest time the store has written under than
+// Options.ClockTolerance, Claim fails with ErrClockBehind and stores
+// nothing.
 func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (Lease, *Record, error) {
 	start := db.opts.Now()
 	if err := s.Validate(); err != nil {
@@ -295,6 +303,9 @@ func (db *DB) Claim(ctx context.Context, s Scope, fp Fingerprint) (Lease, *Recor
 	}
 	defer db.end(mu)
 	now := db.now()
+	if err := db.checkClock(s, fp, now, start); err != nil {
+		return nil, nil, err
+	}
 	old, live, err := db.rows.ReadLocked(rk, now)
 	if err != nil {
 		return nil, nil, err

@@ -451,6 +451,8 @@ func TestOptionsValidation(t *testing.T) {
 		{"inline too large", idem.Options{InlineBodyBytes: 32 << 20}, []string{"InlineBodyBytes"}},
 		{"max body too large", idem.Options{MaxBodyBytes: 2 << 30}, []string{"MaxBodyBytes"}},
 		{"cache too large", idem.Options{CacheBytes: math.MaxInt64}, []string{"CacheBytes"}},
+		{"negative clock tolerance", idem.Options{ClockTolerance: -time.Second}, []string{"ClockTolerance -1s must be at least a second"}},
+		{"clock tolerance under a second", idem.Options{ClockTolerance: time.Millisecond}, []string{"ClockTolerance 1ms"}},
 		{"everything reported at once", idem.Options{TTL: -1, Lease: -1, CompactBytes: -1, CacheBytes: -1},
 			[]string{"TTL", "Lease", "CompactBytes", "CacheBytes"}},
 	}

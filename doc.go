@@ -66,4 +66,28 @@
 // so the disk shrinks again. Over HTTP, package idemhttp gives each stored
 // answer and each replay an Idempotency-Key-Expires header, the record's
 // ExpiresAt as an HTTP-date, so that clients learn the window at run time.
+//
+// # Time and clocks
+//
+// Every time a record holds comes from Options.Now. A clock that is
+// behind (a device without a battery-backed clock starts in 1970 until
+// the network is up; time synchronisation also steps clocks back) would
+// write records that expire, and leases that end, early once the clock is
+// put right, and a retry would then run the operation again. So the store
+// keeps a clock mark, the newest clock reading it has written under,
+// durably with the writes it syncs anyway, and while the clock reads
+// further behind the mark than Options.ClockTolerance (5 seconds by
+// default), Claim and TakeOver fail with ErrClockBehind and store nothing.
+// Each refusal counts as the clock_behind event (idem_clock_behind_total),
+// the first of a run of them is logged with how far behind the clock is,
+// and idemhttp answers 503 clock_behind with Retry-After. Leases already
+// granted still store their outcome; reads, sweeps and reconciliation go
+// by the clock as it reads. Fix the clock and claims resume by
+// themselves. The mark only moves forward, so a mark that a clock wrongly
+// ahead left behind holds claims back until the clock passes it.
+//
+// A clock that jumps ahead expires records early, and the sweep then
+// deletes them: nothing tells such a jump from a store left idle, so the
+// sweep logs once when the clock is past the expiry of everything written
+// up to the mark. Start the service once the clock is right.
 package idem

@@ -3,7 +3,10 @@ package idem
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/stretchr/testify/require"
@@ -65,4 +68,18 @@ func (db *DB) TableDeletions() (uint64, error) {
 		}
 	}
 	return n, err
+}
+
+// StoredClockMark returns the clock mark as the store holds it on disk,
+// and whether it holds one.
+func (db *DB) StoredClockMark() (time.Time, bool, error) {
+	v, closer, err := db.pdb.Get(keys.Clock)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	defer closer.Close()
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), true, nil
 }

@@ -77,10 +77,14 @@ func (l *lease) end(ctx context.Context, s State) error {
 	})
 }
 
-// Extend pushes the lease's end to Options.Lease from now.
+// Extend pushes the lease's end to Options.Lease from now. It never moves
+// the end back, which a clock stepped back would otherwise do: the record
+// would come due for reconciliation while its holder still works.
 func (l *lease) Extend(ctx context.Context) error {
 	return l.update(ctx, func(next *record.Stored, now time.Time) []byte {
-		next.LeaseUntil = now.Add(l.db.opts.Lease)
+		if end := now.Add(l.db.opts.Lease); end.After(next.LeaseUntil) {
+			next.LeaseUntil = end
+		}
 		return nil
 	})
 }
@@ -127,6 +131,7 @@ func (l *lease) update(ctx context.Context, change func(next *record.Stored, now
 		l.rec.State, l.val = 0, nil
 		return nil
 	}
+	db.clock.observe(now.UnixNano())
 	next := *cur
 	next.Scope = l.scope
 	next.UpdatedAt = now

@@ -67,6 +67,17 @@ type Options struct {
 	// Now is the clock. Tests pass a fake one. Default: time.Now.
 	Now func() time.Time
 
+	// ClockTolerance is how far the clock may read behind the newest time
+	// the store has written under (its clock mark, kept on disk) before
+	// Claim and TakeOver refuse with ErrClockBehind. A claim made while
+	// the clock is behind by d ends its lease, and its record expires, d
+	// early once the clock is right, so the tolerance stays well under
+	// Lease; it stays above the small steps that time synchronisation
+	// makes and the second by which the stored mark may lag. At least a
+	// second; a tolerance of years turns the check off.
+	// Default: 5 seconds.
+	ClockTolerance time.Duration
+
 	// FS is the filesystem Pebble uses: vfs.NewMem() keeps the store in
 	// memory, and durability tests pass Pebble's crashable and failing
 	// ones (vfs.NewCrashableMem, errorfs). Default: the operating
@@ -78,9 +89,10 @@ type Options struct {
 	// Default: slog.Default().
 	Logger *slog.Logger
 
-	// Events receives one Info record per state transition of a record:
-	// claimed, replayed, conflict, mismatch, pending, completed, released,
-	// unknown, failed, taken_over, reconciled and swept. Each carries the
+	// Events receives one Info record per state transition of a record,
+	// and per answer a claim gets: claimed, replayed, conflict, mismatch,
+	// pending, completed, released, unknown, failed, taken_over,
+	// reconciled, swept and clock_behind. Each carries the
 	// tenant, the endpoint, a hash of the key (never the key itself), a
 	// fingerprint prefix, the state, the response status when there is
 	// one, and the latency: how long the claim took for claim-time events,
@@ -112,6 +124,7 @@ func (o *Options) withDefaults() (Options, error) {
 	def(&c.TTL, 24*time.Hour)
 	def(&c.Lease, 30*time.Second)
 	def(&c.SweepInterval, time.Minute)
+	def(&c.ClockTolerance, 5*time.Second)
 	if c.InlineBodyBytes == 0 {
 		c.InlineBodyBytes = 64 << 10
 	}
@@ -156,6 +169,9 @@ func (o *Options) withDefaults() (Options, error) {
 	if c.MaxBodyBytes < int64(c.InlineBodyBytes) || c.MaxBodyBytes > 1<<30 {
 		bad("MaxBodyBytes %d must be between InlineBodyBytes (%d) and 1 GiB", c.MaxBodyBytes, c.InlineBodyBytes)
 	}
+	if c.ClockTolerance < time.Second {
+		bad("ClockTolerance %s must be at least a second", c.ClockTolerance)
+	}
 	if c.CompactBytes < 0 {
 		bad("CompactBytes %d must not be negative", c.CompactBytes)
 	}
@@ -163,6 +179,15 @@ func (o *Options) withDefaults() (Options, error) {
 		bad("CacheBytes %d must be between 0 and 1 TiB", c.CacheBytes)
 	}
 	return c, errors.Join(errs...)
+}
+
+// maxTTL returns the longest TTL of any endpoint.
+func (o *Options) maxTTL() time.Duration {
+	ttl := o.TTL
+	for _, t := range o.EndpointTTL {
+		ttl = max(ttl, t)
+	}
+	return ttl
 }
 
 // ttlFor returns the TTL that applies to endpoint.

@@ -108,7 +108,9 @@ var errNotOverdue = errors.New("idem: record is not overdue")
 
 // TakeOver gives the caller a new lease (a new token, Attempts+1) on a
 // record whose earlier attempt is stuck, as contract.Operator.TakeOver
-// says: the operator's way out of ErrOutcomePending (idem resolve).
+// says: the operator's way out of ErrOutcomePending (idem resolve). It
+// grants a lease as Claim does, and refuses with ErrClockBehind when Claim
+// would.
 func (db *DB) TakeOver(ctx context.Context, s Scope) (Lease, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
@@ -158,6 +160,9 @@ func (db *DB) takeOver(s Scope, rule takeoverRule) (*lease, error) {
 	}
 	defer db.end(mu)
 	now := db.now()
+	if err := db.checkClock(s, Fingerprint{}, now, start); err != nil {
+		return nil, err
+	}
 	cur, live, err := db.rows.ReadLocked(rk, now)
 	if err != nil {
 		return nil, err

@@ -39,6 +39,12 @@ var (
 	ErrInvalidOptions = errors.New("idem: invalid options")
 	// ErrCorrupt: a stored value or the schema marker cannot be decoded.
 	ErrCorrupt = errors.New("idem: corrupt record")
+	// ErrClockBehind: the clock reads further behind the newest time the
+	// store has written under than the store tolerates, so a claim now
+	// would write a record that expires, and a lease that ends, too early
+	// once the clock is right. Nothing was stored. Retry once the clock
+	// is right.
+	ErrClockBehind = errors.New("idem: clock is behind the store's newest time")
 )
 
 // KeyError is the error a claim gets when the key is already taken. Err is

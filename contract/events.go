@@ -16,18 +16,19 @@ type Event uint8
 
 // The events, in the order of Metrics.Events.
 const (
-	EventClaimed    Event = iota // a claim won the key; the operation may run
-	EventReplayed                // a claim got the stored response
-	EventConflict                // a claim found the key in progress (ErrInProgress)
-	EventMismatch                // a claim carried another fingerprint (ErrFingerprintMismatch)
-	EventPending                 // a claim found an unresolved outcome (ErrOutcomePending)
-	EventCompleted               // a lease stored its response
-	EventReleased                // a lease freed the key
-	EventUnknown                 // a lease recorded an unknown outcome
-	EventFailed                  // a lease recorded a failure
-	EventTakenOver               // a stuck record got a new lease (take-over, reconciliation)
-	EventReconciled              // the reconciler resolved an overdue record
-	EventSwept                   // an expired record was deleted
+	EventClaimed     Event = iota // a claim won the key; the operation may run
+	EventReplayed                 // a claim got the stored response
+	EventConflict                 // a claim found the key in progress (ErrInProgress)
+	EventMismatch                 // a claim carried another fingerprint (ErrFingerprintMismatch)
+	EventPending                  // a claim found an unresolved outcome (ErrOutcomePending)
+	EventCompleted                // a lease stored its response
+	EventReleased                 // a lease freed the key
+	EventUnknown                  // a lease recorded an unknown outcome
+	EventFailed                   // a lease recorded a failure
+	EventTakenOver                // a stuck record got a new lease (take-over, reconciliation)
+	EventReconciled               // the reconciler resolved an overdue record
+	EventSwept                    // an expired record was deleted
+	EventClockBehind              // a claim or take-over was refused because the clock is behind (ErrClockBehind)
 
 	NumEvents = iota // the number of events
 )
@@ -45,6 +46,8 @@ var events = [NumEvents]struct{ name, series, help string }{
 	EventTakenOver:  {"taken_over", "idem_takeovers_total", "Stuck records given a new lease by an operator or the reconciler."},
 	EventReconciled: {"reconciled", "idem_reconciled_total", "Overdue records the reconciler resolved."},
 	EventSwept:      {"swept", "idem_swept_records_total", "Expired records the sweeper deleted."},
+	EventClockBehind: {"clock_behind", "idem_clock_behind_total",
+		"Claims and take-overs refused because the clock was behind the newest time the store had written under (HTTP 503 clock_behind)."},
 }
 
 // String returns the event's name as log lines carry it ("claimed").

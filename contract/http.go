@@ -39,6 +39,7 @@ const (
 	CodePayloadTooLarge  = "payload_too_large"       // 413
 	CodeURITooLong       = "uri_too_long"            // 414, the endpoint is too long to store
 	CodeStoreUnavailable = "store_unavailable"       // 503
+	CodeClockBehind      = "clock_behind"            // 503, with Retry-After: the server's clock must be put right; retry with the same key
 
 	// CodeResponseBodyOmitted answers a replay whose stored body was too
 	// large to keep: 410, with the original status as original_status. The

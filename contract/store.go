@@ -19,8 +19,10 @@ type Store interface {
 	// fingerprint returns its Record, body included, for replay.
 	// Otherwise Claim returns a *KeyError matching ErrInProgress (retry
 	// later), ErrFingerprintMismatch (permanent) or ErrOutcomePending (an
-	// earlier attempt must be resolved first). Exactly one of the lease,
-	// the record and the error is non-nil.
+	// earlier attempt must be resolved first). A backend that guards
+	// against a clock that is behind refuses with ErrClockBehind and
+	// stores nothing. Exactly one of the lease, the record and the error
+	// is non-nil.
 	Claim(ctx context.Context, s Scope, fp Fingerprint) (Lease, *Record, error)
 
 	// Get returns the live record for s, with its body, or an error

@@ -596,6 +596,32 @@ func TestClientDisconnectDoesNotCancelTheHandler(t *testing.T) {
 	assert.Equal(t, "charged", string(rec.Response.Body), "the retry will find the whole result")
 }
 
+// TestClockBehindIs503 steps the store's clock back past its tolerance:
+// the request gets 503 clock_behind with Retry-After, the handler does
+// not run and nothing is stored; once the clock is right it runs.
+func TestClockBehindIs503(t *testing.T) {
+	db, clock := idemtest.Open(t, &idem.Options{Logger: discardLogger()})
+	e := setup(t, idemhttp.Options{Store: db})
+	resp, _ := e.call("POST", "/v1/payments", "acme", pay, "first")
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+	clock.Advance(-time.Minute)
+	resp, body := e.call("POST", "/v1/payments", "acme", pay, "k")
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	p := problem(t, resp, body)
+	assert.Equal(t, contract.CodeClockBehind, p.Code)
+	assert.Equal(t, idemhttp.DefaultProblemBase+contract.CodeClockBehind, p.Type)
+	assert.Equal(t, "5", resp.Header.Get("Retry-After"))
+	assert.Equal(t, int64(1), e.app.runs.Load(), "nothing ran")
+	_, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "k"})
+	require.ErrorIs(t, err, idem.ErrNotFound, "nothing was stored")
+
+	clock.Advance(time.Minute)
+	resp, _ = e.call("POST", "/v1/payments", "acme", pay, "k")
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, int64(2), e.app.runs.Load())
+}
+
 func TestStoreFailureIs503(t *testing.T) {
 	e := setup(t, idemhttp.Options{})
 	require.NoError(t, e.db.Close())

@@ -11,7 +11,8 @@
 // key reused with another request, idem_outcome_pending_total,
 // idem_completions_total, idem_releases_total, idem_unknowns_total,
 // idem_failures_total, idem_takeovers_total, idem_reconciled_total,
-// idem_swept_records_total), idem_reclaimed_bytes_total, gauges of the
+// idem_swept_records_total, idem_clock_behind_total for claims refused
+// while the clock was behind), idem_reclaimed_bytes_total, gauges of the
 // records that need attention (idem_in_progress_records,
 // idem_overdue_records, idem_oldest_in_progress_age_seconds,
 // idem_unknown_records, idem_failed_records, idem_expired_records), and

@@ -23,6 +23,7 @@ type command struct {
 var commands = map[string]command{
 	"canon":       {"print the canonical form of a JSON document", runCanon},
 	"check":       {"verify that records, index entries and body chunks agree", runCheck},
+	"clock":       {"show the store's clock mark beside the clock, or --reset it", runClock},
 	"compact":     {"delete expired records and return their space to the disk now", runCompact},
 	"fingerprint": {"print the fingerprint of a request, to see why a retry got 422", runFingerprint},
 	"get":         {"show one record in full, or only its stored response body", runGet},

@@ -49,6 +49,8 @@ type Committer struct {
 	// yield is the flag of the store's comparer (Comparer): set, the next
 	// comparison yields the processor.
 	yield *atomic.Bool
+
+	stamp func(b *pebble.Batch) error // see New
 }
 
 // group is one batch being filled, and then committed, for many callers.
@@ -68,8 +70,12 @@ type group struct {
 // memtable is a good bound: a group then holds at most that plus one
 // caller's writes, and a sync of that much costs so much more than its
 // fixed part that nothing is lost by splitting.
-func New(db *pebble.DB, yield *atomic.Bool, maxBytes int) *Committer {
-	c := &Committer{db: db, maxBytes: maxBytes, flushing: make(chan struct{}, 1), yield: yield}
+//
+// stamp, when not nil, adds the store's own bookkeeping to each group's
+// batch once the group is closed, so that it costs no sync of its own.
+// Groups are stamped one at a time, in the order they commit.
+func New(db *pebble.DB, yield *atomic.Bool, maxBytes int, stamp func(b *pebble.Batch) error) *Committer {
+	c := &Committer{db: db, maxBytes: maxBytes, flushing: make(chan struct{}, 1), yield: yield, stamp: stamp}
 	c.open = c.newGroup()
 	return c
 }
@@ -119,10 +125,15 @@ func (c *Committer) Commit(fill func(b *pebble.Batch) error) error {
 	}
 	c.last = g.n
 	c.mu.Unlock()
+	if c.stamp != nil {
+		g.err = c.stamp(g.b)
+	}
 	if g.n >= yieldGroup {
 		c.yield.Store(true)
 	}
-	g.err = g.b.Commit(pebble.Sync)
+	if g.err == nil {
+		g.err = g.b.Commit(pebble.Sync)
+	}
 	c.yield.Store(false)
 	c.syncs.Add(1)
 	<-c.flushing

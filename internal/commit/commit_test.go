@@ -50,7 +50,7 @@ func TestGroupClosesAtByteCap(t *testing.T) {
 	pdb, err := pebble.Open("db", &pebble.Options{FS: vfs.NewMem(), Logger: walfs.Logger{L: slog.New(slog.DiscardHandler)}})
 	require.NoError(t, err)
 	defer pdb.Close()
-	c := New(pdb, new(atomic.Bool), testGroupBytes)
+	c := New(pdb, new(atomic.Bool), testGroupBytes, nil)
 	defer c.Close()
 
 	openGroup := func() *group {

@@ -11,6 +11,7 @@
 //	'p' BE64(lease_until) <record key>                            pending index, value BE64(created_at) state
 //	'b' <record key> BE32(chunk)                                  body chunk
 //	'm' "schema"                                                  schema version, uvarint
+//	'm' "clock"                                                   clock mark: newest time a write used, BE64 Unix ns
 //
 // Times are Unix nanoseconds with the sign bit flipped, so they sort as
 // unsigned big-endian integers.
@@ -39,6 +40,11 @@ const recordVersion = 0x01
 
 // Schema is the key under which the schema version is kept.
 var Schema = []byte{TagMeta, 's', 'c', 'h', 'e', 'm', 'a'}
+
+// Clock is the key under which the clock mark is kept: the newest clock
+// reading the store has written under. The 'm' tag keeps it apart from
+// every record key.
+var Clock = []byte{TagMeta, 'c', 'l', 'o', 'c', 'k'}
 
 // ErrMalformed reports bytes that are not a key of the expected family.
 var ErrMalformed = errors.New("keys: malformed key")

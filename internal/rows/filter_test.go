@@ -57,7 +57,7 @@ func openTable(t *testing.T, fs vfs.FS) *Table {
 	yield := new(atomic.Bool)
 	pdb, err := pebble.Open("db", &pebble.Options{FS: fs, Comparer: commit.Comparer(yield), Logger: walfs.Logger{L: slog.New(slog.DiscardHandler)}})
 	require.NoError(t, err)
-	c := commit.New(pdb, yield, 16<<20)
+	c := commit.New(pdb, yield, 16<<20, nil)
 	stop := make(chan struct{})
 	tb := New(pdb, c, stop)
 	var loop sync.WaitGroup
