@@ -32,6 +32,11 @@ func (s *Store) Metrics(ctx context.Context) (contract.Metrics, error) {
 	if err := s.enter(); err != nil {
 		return m, err
 	}
+	// The counts come first: a sweep counts its records once their
+	// deletion has committed, so a record counted here as swept is gone
+	// from the table read below, and is never counted as expired too.
+	m.Events = s.tally.Counts()
+	m.BytesReclaimed = s.reclaimed.Load()
 	now := s.now()
 	var (
 		oldest     *time.Time
@@ -48,8 +53,6 @@ func (s *Store) Metrics(ctx context.Context) (contract.Metrics, error) {
 	if err != nil {
 		return m, s.fail("metrics", err)
 	}
-	m.Events = s.tally.Counts()
-	m.BytesReclaimed = s.reclaimed.Load()
 	ps := s.pool.Stat()
 	connected := 0.0
 	if s.listener.listenerPID() != 0 {
