@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +76,18 @@ const (
 	memTableShare = 2 * memTableBytes
 )
 
+// tableCompression is the cheapest compression that still shrinks chunked
+// bodies. Pebble's fastest profile is MinLZ except on arm64. MinLZ has
+// assembly only for amd64, and its portable encoder, used everywhere
+// else, stores highly repetitive blocks (a body of repeated line items)
+// uncompressed; so on other processors it is Snappy.
+func tableCompression() *sstable.CompressionProfile {
+	if runtime.GOARCH == "amd64" {
+		return sstable.FastestCompression
+	}
+	return sstable.SnappyCompression
+}
+
 // Open opens the store in dir, creating it if needed. A nil opts selects the
 // defaults. Open fails with ErrLocked if another DB, in this process or
 // another, has dir open, and with ErrInvalidOptions listing every bad field.
@@ -111,9 +124,8 @@ func Open(dir string, opts *Options) (*DB, error) {
 	popts.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
 	// Inline bodies reach Pebble compressed already, so its tables gain
 	// little from compression for what it costs every flush and
-	// compaction; but chunked bodies reach it raw. The fastest profile
-	// (MinLZ; Snappy on arm64) is the cheapest that still shrinks them.
-	popts.Levels[0].Compression = func() *sstable.CompressionProfile { return sstable.FastestCompression }
+	// compaction; but chunked bodies reach it raw.
+	popts.Levels[0].Compression = tableCompression
 	// Record values of 512 bytes or more (completions with a body of a
 	// few hundred bytes or more) go to blob files at flush, and
 	// compactions then move only keys and references. Keys are random,
