@@ -27,7 +27,7 @@ func body(size int) []byte {
 			b.WriteByte(',')
 		}
 		fmt.Fprintf(&b, `{"sku":"SKU-%05d","qty":%d,"unit_price":%d.%02d,"tags":["a\u00e9","b\n"],"discount":%g,"meta":{"z":null,"y":true,"x":%d}}`,
-			r.IntN(100000), 1+r.IntN(9), r.IntN(1000), r.IntN(100), float64(r.IntN(50))/100, r.IntN(1<<40))
+			r.IntN(100000), 1+r.IntN(9), r.IntN(1000), r.IntN(100), float64(r.IntN(50))/100, r.Int64N(1<<40))
 	}
 	b.WriteString(`],"total":12345.67,"notes":"leave at the door \u2013 thanks"}`)
 	return []byte(b.String())
