@@ -154,14 +154,8 @@ func (o *Options) withDefaults() (Options, error) {
 	if c.Lease <= 0 {
 		bad("Lease %s must be positive", c.Lease)
 	}
-	checkTTL := func(name string, ttl time.Duration) {
-		if err := contract.CheckTTL(name, ttl, c.Lease); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	checkTTL("TTL", c.TTL)
-	for ep, ttl := range c.EndpointTTL {
-		checkTTL(fmt.Sprintf("EndpointTTL[%q]", ep), ttl)
+	if err := contract.CheckTTLs(c.TTL, c.EndpointTTL, c.Lease); err != nil {
+		errs = append(errs, err)
 	}
 	if c.InlineBodyBytes < 0 || c.InlineBodyBytes > record.MaxInlineBodyBytes {
 		bad("InlineBodyBytes %d must be between 0 and 16 MiB", c.InlineBodyBytes)

@@ -77,15 +77,23 @@ func (e *KeyError) Unwrap() error { return e.Err }
 // under a client that is still retrying.
 const MinTTLLeases = 10
 
-// CheckTTL applies the TTL rule to the TTL named name, given the lease:
-// it must be positive and at least MinTTLLeases leases. Its error matches
-// ErrInvalidOptions.
-func CheckTTL(name string, ttl, lease time.Duration) error {
-	switch {
-	case ttl <= 0:
-		return fmt.Errorf("%w: %s %s must be positive", ErrInvalidOptions, name, ttl)
-	case lease > 0 && ttl < MinTTLLeases*lease:
-		return fmt.Errorf("%w: %s %s must be at least %d leases (%s)", ErrInvalidOptions, name, ttl, MinTTLLeases, MinTTLLeases*lease)
+// CheckTTLs applies the TTL rule to a store's TTL and to each of its
+// endpoints' TTLs, given the lease: each must be positive and at least
+// MinTTLLeases leases. Its error names every TTL that breaks the rule and
+// matches ErrInvalidOptions.
+func CheckTTLs(ttl time.Duration, endpointTTL map[string]time.Duration, lease time.Duration) error {
+	check := func(name string, ttl time.Duration) error {
+		switch {
+		case ttl <= 0:
+			return fmt.Errorf("%w: %s %s must be positive", ErrInvalidOptions, name, ttl)
+		case lease > 0 && ttl < MinTTLLeases*lease:
+			return fmt.Errorf("%w: %s %s must be at least %d leases (%s)", ErrInvalidOptions, name, ttl, MinTTLLeases, MinTTLLeases*lease)
+		}
+		return nil
 	}
-	return nil
+	errs := []error{check("TTL", ttl)}
+	for ep, d := range endpointTTL {
+		errs = append(errs, check(fmt.Sprintf("EndpointTTL[%q]", ep), d))
+	}
+	return errors.Join(errs...)
 }

@@ -237,20 +237,11 @@ func TestSlowBodyIs408(t *testing.T) {
 	srv.Start()
 	t.Cleanup(srv.Close)
 
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	require.NoError(t, err)
-	defer conn.Close()
-	_, err = io.WriteString(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer acme\r\n"+
+	resp, body := rawRequest(t, srv.Listener.Addr().String(),
 		"Idempotency-Key: slow\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"amount\":")
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
 
 	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
-	p := problem(t, resp, string(body))
+	p := problem(t, resp, body)
 	assert.Equal(t, contract.CodeRequestTimeout, p.Code)
 	assert.NotContains(t, p.Detail, "127.0.0.1")
 	assert.NotContains(t, p.Detail, "tcp")
@@ -260,26 +251,34 @@ func TestSlowBodyIs408(t *testing.T) {
 	assert.Zero(t, m.Events[idem.EventClaimed], "nothing was claimed")
 }
 
-// TestUnreadableBodyNamesNoAddress: a body that fails to arrive for any
-// other reason is refused with a detail that says so and no more.
-// TestExpectContinueOverLimitIsRefusedFirst: a body whose declared length
-// is over MaxRequestBytes is refused before it is read, so a client that
-// waits for 100 Continue gets 413 instead and never sends it.
-func TestExpectContinueOverLimitIsRefusedFirst(t *testing.T) {
-	e := setup(t, idemhttp.Options{MaxRequestBytes: 1000})
-	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+// rawRequest sends, on a connection of its own to addr, a POST of a
+// payment by tenant acme whose remaining headers and body are rest, as
+// bytes no client library would alter, and returns the answer and its
+// body.
+func rawRequest(t *testing.T, addr, rest string) (*http.Response, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
-	defer conn.Close()
-	_, err = io.WriteString(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer acme\r\n"+
-		"Idempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 1001\r\nExpect: 100-continue\r\n\r\n")
+	t.Cleanup(func() { conn.Close() })
+	_, err = io.WriteString(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer acme\r\n"+rest)
 	require.NoError(t, err)
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
+	return resp, string(body)
+}
+
+// TestExpectContinueOverLimitIsRefusedFirst: a body whose declared length
+// is over MaxRequestBytes is refused before it is read, so a client that
+// waits for 100 Continue gets 413 instead and never sends it.
+func TestExpectContinueOverLimitIsRefusedFirst(t *testing.T) {
+	e := setup(t, idemhttp.Options{MaxRequestBytes: 1000})
+	resp, body := rawRequest(t, e.srv.Listener.Addr().String(),
+		"Idempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 1001\r\nExpect: 100-continue\r\n\r\n")
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "no 100 Continue first")
-	p := problem(t, resp, string(body))
+	p := problem(t, resp, body)
 	assert.Equal(t, contract.CodePayloadTooLarge, p.Code)
 	assert.Equal(t, "the request body is larger than 1000 bytes", p.Detail)
 	assert.Zero(t, e.app.runs.Load())
@@ -288,6 +287,8 @@ func TestExpectContinueOverLimitIsRefusedFirst(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, resp.StatusCode, "a body within the limit is still read")
 }
 
+// TestUnreadableBodyNamesNoAddress: a body that fails to arrive for any
+// other reason is refused with a detail that says so and no more.
 func TestUnreadableBodyNamesNoAddress(t *testing.T) {
 	e := setup(t, idemhttp.Options{})
 	req := e.request(nil, "POST", "/v1/payments", "acme", "", "broken")
