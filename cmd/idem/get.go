@@ -19,11 +19,12 @@ func runGet(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("get", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	store := addStoreFlags(fs, "directory of the idempotency store")
+	store.addAdmin()
 	scope := scopeFlags(fs)
 	body := fs.Bool("body", false, "print only the stored response body, byte for byte")
 	asJSON := fs.Bool("json", false, "print the record as one JSON object, body included")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem get [--data DIR | --store DSN] [--tenant T] --endpoint E --key K
+		fmt.Fprint(fs.Output(), `usage: idem get [--data DIR | --store DSN | --admin URL] [--tenant T] --endpoint E --key K
                 [--body | --json]
 
 Prints one record in full: its state, fingerprint, times, attempts and the
@@ -33,7 +34,7 @@ whole record, the body as a string when it is UTF-8 text.
 
 A record past its TTL counts as absent, as it does for every request.
 
-`+toolStoreRule+"\n")
+`+toolStoreRule+"\n"+adminToolRule+"\n")
 		fs.PrintDefaults()
 	}
 	if code, done := store.parseTool(fs, args, stderr); done {
@@ -45,7 +46,7 @@ A record past its TTL counts as absent, as it does for every request.
 	if *body && *asJSON {
 		return usageError(fs, stderr, "--body and --json cannot be combined")
 	}
-	db, code := store.openTool("get", false, stderr)
+	db, code := store.openTools("get", false, stderr)
 	if db == nil {
 		return code
 	}

@@ -20,6 +20,7 @@ func runInspect(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	store := addStoreFlags(fs, "directory of the idempotency store")
+	store.addAdmin()
 	tenant := fs.String("tenant", "", "list only this tenant's records")
 	endpoint := fs.String("endpoint", "", `list only this endpoint's records, e.g. "POST /v1/payments"`)
 	state := fs.String("state", "", "list only records in this state: in_progress, completed, failed or unknown")
@@ -29,7 +30,7 @@ func runInspect(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	expired := fs.Bool("expired", false, "also list records past their TTL that are not swept yet")
 	limit := fs.Int("limit", 0, "stop after this many records (0: all)")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem inspect [--data DIR | --store DSN] [--tenant T] [--endpoint E]
+		fmt.Fprint(fs.Output(), `usage: idem inspect [--data DIR | --store DSN | --admin URL] [--tenant T] [--endpoint E]
                     [--state S] [--older-than D] [--json] [--show-keys]
                     [--expired] [--limit N]
 
@@ -41,7 +42,7 @@ can be matched without either holding the key.
 Find stuck work with --state in_progress --older-than 1m, or --state
 unknown; resolve it with idem resolve.
 
-`+toolStoreRule+"\n")
+`+toolStoreRule+"\n"+adminToolRule+"\n")
 		fs.PrintDefaults()
 	}
 	if code, done := store.parseTool(fs, args, stderr); done {
@@ -54,7 +55,7 @@ unknown; resolve it with idem resolve.
 	if *olderThan < 0 || *limit < 0 {
 		return usageError(fs, stderr, "--older-than and --limit must not be negative")
 	}
-	db, code := store.openTool("inspect", false, stderr)
+	db, code := store.openTools("inspect", false, stderr)
 	if db == nil {
 		return code
 	}

@@ -43,7 +43,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	strict := fs.Bool("strict-canonical", false, "refuse a JSON or form body that cannot be canonicalized (duplicate members, NaN, deep nesting, a bare % in a form) with 400 request_body_invalid; by default its raw bytes are fingerprinted instead, so a retry must send the same bytes")
 	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status and strict_canonical; a request no route matches gets the flags' settings")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
-	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz; port 0 picks a free one, empty turns it off")
+	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz, and with an admin token the operator routes under /v1/admin/; port 0 picks a free one, empty turns it off")
+	adminToken := adminTokenFlag(fs)
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
@@ -53,7 +54,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--max-body SIZE] [--max-stored-body SIZE]
                   [--release-status LIST] [--unknown-status LIST]
                   [--routes FILE] [--strict-canonical] [--drain D]
-                  [--admin ADDR] [--problem-base URI] [--events=false]
+                  [--admin ADDR] [--admin-token-file FILE]
+                  [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
 any language. A request whose method is in --require must carry an
@@ -108,9 +110,12 @@ Every path on --listen belongs to the upstream, so operators get a
 listener of their own, --admin, with GET /metrics (Prometheus metrics of
 the store and of the proxy's answers, idem_*) and GET /healthz (200 ok
 while the store can be read, else 503). It listens on the loopback
-interface unless told otherwise. Every change of a record's state is
-logged to standard error as one line, with a hash of the key, never the
-key itself.
+interface unless told otherwise. Given an admin token (--admin-token-file,
+or IDEM_ADMIN_TOKEN), it also serves the operator routes under
+/v1/admin/, so that idem inspect, get, stats and resolve --admin URL
+settle stuck keys while the proxy runs; without one they are not
+served. Every change of a record's state is logged to standard error as
+one line, with a hash of the key, never the key itself.
 
 `)
 		fs.PrintDefaults()
@@ -193,6 +198,10 @@ key itself.
 		endpointTTL = routes.ttls()
 	}
 
+	token, ok := loadAdminToken("proxy", adminToken, stderr)
+	if !ok {
+		return 2
+	}
 	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, endpointTTL: endpointTTL, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
 	if db == nil {
 		if code == 2 {
@@ -238,6 +247,7 @@ key itself.
 	if *adminAddr != "" {
 		mux := http.NewServeMux()
 		adm.register(mux)
+		adm.registerOps(mux, token)
 		adminH = mux
 	}
 	return serveUntilSignal("proxy", *listen, store.where(), *drain, h, *adminAddr, adminH, db, stdout, stderr)

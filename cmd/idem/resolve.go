@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/textproto"
 	"strings"
@@ -32,6 +33,7 @@ func runResolve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("resolve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	store := addStoreFlags(fs, "directory of the idempotency store")
+	store.addAdmin()
 	scope := scopeFlags(fs)
 	as := fs.String("as", "", "the real outcome: released, unknown or completed (required)")
 	status := fs.Int("status", 0, "with --as completed: the HTTP status the operation really answered (required)")
@@ -40,7 +42,7 @@ func runResolve(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(header, "header", `with --as completed: a response header to replay, "Name: value" (repeatable)`)
 	reason := fs.String("reason", "", "why, for the log: a ticket number, the provider's answer")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem resolve [--data DIR | --store DSN] [--tenant T] --endpoint E --key K
+		fmt.Fprint(fs.Output(), `usage: idem resolve [--data DIR | --store DSN | --admin URL] [--tenant T] --endpoint E --key K
                     --as released|unknown|completed [--status N]
                     [--body-file F] [--header "Name: value"]... [--reason TEXT]
 
@@ -59,7 +61,7 @@ A completed record is never overwritten, and a claim whose lease is still
 running is left alone. Every resolution is logged to standard error as a
 structured line.
 
-`+toolStoreRule+"\n")
+`+toolStoreRule+"\n"+adminToolRule+"\n")
 		fs.PrintDefaults()
 	}
 	if code, done := store.parseTool(fs, args, stderr); done {
@@ -68,40 +70,28 @@ structured line.
 	if err := checkScope(scope); err != nil {
 		return usageError(fs, stderr, "%v", err)
 	}
-	completed := *as == "completed"
-	switch {
-	case *as != "released" && *as != "unknown" && !completed:
-		return usageError(fs, stderr, "--as %q: want released, unknown or completed", *as)
-	case completed && (*status < 100 || *status > 999):
-		return usageError(fs, stderr, "--as completed needs --status between 100 and 999")
-	case !completed && (*status != 0 || *bodyFile != "" || len(header) > 0):
-		return usageError(fs, stderr, "--status, --body-file and --header go with --as completed only")
+	res := resolution{As: *as, Response: idem.Response{Status: *status, Header: http.Header(header)}, Reason: *reason}
+	err := res.check(true)
+	if err == nil && *bodyFile != "" && res.As != "completed" {
+		err = errors.New("--status, --body-file and --header go with --as completed only")
 	}
-	var resp idem.Response
-	if completed {
-		resp = idem.Response{Status: *status, Header: http.Header(header)}
-		if *bodyFile != "" {
-			_, b, err := readInput(*bodyFile, stdin)
-			if err != nil {
-				fmt.Fprintf(stderr, "idem resolve: %v\n", err)
-				return 1
-			}
-			resp.Body = b
+	if err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	if *bodyFile != "" {
+		_, b, err := readInput(*bodyFile, stdin)
+		if err != nil {
+			fmt.Fprintf(stderr, "idem resolve: %v\n", err)
+			return 1
 		}
+		res.Response.Body = b
 	}
 
-	db, code := store.openTool("resolve", true, stderr)
+	db, code := store.openTools("resolve", true, stderr)
 	if db == nil {
 		return code
 	}
-	ctx := context.Background()
-	// Read first so that the log says what the record was before: the
-	// takeover makes it in progress under a new lease.
-	prev, err := db.Get(ctx, *scope)
-	var lease idem.Lease
-	if err == nil {
-		lease, err = db.TakeOver(ctx, *scope)
-	}
+	prev, err := db.Resolve(context.Background(), *scope, res)
 	var ke *idem.KeyError
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
@@ -118,24 +108,74 @@ structured line.
 		fmt.Fprintf(stderr, "idem resolve: %v\n", err)
 		return closeStore("resolve", db, 1, stderr)
 	}
-	switch *as {
+	via := "store"
+	if store.admin != "" {
+		via = "admin"
+	}
+	logResolution(newLogger(stderr), *scope, prev, res, via)
+	fmt.Fprintf(stdout, "resolved key hash %s as %s\n", idem.KeyHash(scope.Key), *as)
+	return closeStore("resolve", db, 0, stderr)
+}
+
+// resolution is what an operator says about a stuck record: As is
+// released, unknown or completed, and Response the answer to replay
+// when completed. Reason goes to the log.
+type resolution struct {
+	As       string
+	Response idem.Response
+	Reason   string
+}
+
+// check reports a resolution that makes no sense. cli says whether to
+// name resolve's flags or the members of the admin route's request.
+func (r resolution) check(cli bool) error {
+	dash, body := "", "body_base64"
+	if cli {
+		dash, body = "--", "--body-file"
+	}
+	completed := r.As == "completed"
+	switch {
+	case r.As != "released" && r.As != "unknown" && !completed:
+		return fmt.Errorf("%sas %q: want released, unknown or completed", dash, r.As)
+	case completed && (r.Response.Status < 100 || r.Response.Status > 999):
+		return fmt.Errorf("%sas completed needs %sstatus between 100 and 999", dash, dash)
+	case !completed && (r.Response.Status != 0 || len(r.Response.Body) > 0 || len(r.Response.Header) > 0):
+		return fmt.Errorf("%sstatus, %s and %sheader go with %sas completed only", dash, body, dash, dash)
+	}
+	return nil
+}
+
+// settle takes the stuck record at s over and ends the new lease as res
+// says. It returns the record as it was before, which the takeover turns
+// into in progress under a new lease.
+func settle(ctx context.Context, db idem.Operator, s idem.Scope, res resolution) (*idem.Record, error) {
+	prev, err := db.Get(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := db.TakeOver(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	switch res.As {
 	case "released":
 		err = lease.Release(ctx)
 	case "unknown":
 		err = lease.MarkUnknown(ctx)
 	default:
-		err = lease.Complete(ctx, resp)
+		err = lease.Complete(ctx, res.Response)
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "idem resolve: %v\n", err)
-		return closeStore("resolve", db, 1, stderr)
+	return prev, err
+}
+
+// logResolution logs a settled record as one structured line, with the
+// key's hash and never the key; via says whether the tool changed the
+// store itself or a running server did it on the admin listener.
+func logResolution(log *slog.Logger, s idem.Scope, prev *idem.Record, res resolution, via string) {
+	attrs := []any{"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", idem.KeyHash(s.Key),
+		"from", prev.State.String(), "as", res.As, "attempts", prev.Attempts, "reason", res.Reason}
+	if res.As == "completed" {
+		attrs = append(attrs, "status", res.Response.Status, "body_bytes", len(res.Response.Body))
 	}
-	attrs := []any{"tenant", scope.Tenant, "endpoint", scope.Endpoint, "key_hash", idem.KeyHash(scope.Key),
-		"from", prev.State.String(), "as", *as, "attempts", prev.Attempts, "reason", *reason}
-	if completed {
-		attrs = append(attrs, "status", *status, "body_bytes", len(resp.Body))
-	}
-	newLogger(stderr).Warn("idem resolve: record resolved by an operator", attrs...)
-	fmt.Fprintf(stdout, "resolved key hash %s as %s\n", idem.KeyHash(scope.Key), *as)
-	return closeStore("resolve", db, 0, stderr)
+	log.Warn("idem resolve: record resolved by an operator", append(attrs, "via", via)...)
 }

@@ -29,11 +29,12 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the middleware answers: the type is it followed by the code, and the answer links to it (Link rel=describedby)")
 	maxStored := byteSize(4 << 20)
 	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
+	adminToken := adminTokenFlag(fs)
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem serve [--data DIR | --store DSN] [--addr ADDR] [--provider-delay D]
                   [--drain D] [--max-stored-body SIZE] [--problem-base URI]
-                  [--events=false]
+                  [--admin-token-file FILE] [--events=false]
 
 Runs a small payments API behind the idempotency middleware, to try the
 contract with curl:
@@ -60,6 +61,10 @@ For operators, on the same address:
   GET  /metrics           Prometheus metrics of the store and of the
                           middleware's answers (idem_*)
   GET  /healthz           200 ok while the store can be read, else 503
+  /v1/admin/...           with an admin token (--admin-token-file, or
+                          IDEM_ADMIN_TOKEN), the operator routes that
+                          idem inspect, get, stats and resolve use with
+                          --admin URL; without one they are not served
 
 Every change of a record's state is logged to standard error as one line,
 with a hash of the key and of the token, never the key or the token.
@@ -90,6 +95,10 @@ with a hash of the key and of the token, never the key or the token.
 		fs.Usage()
 		return 2
 	}
+	token, ok := loadAdminToken("serve", adminToken, stderr)
+	if !ok {
+		return 2
+	}
 	log := serveLogger(stderr)
 	db, code := store.openServer("serve", serverOptions{maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
 	if db == nil {
@@ -115,6 +124,7 @@ with a hash of the key and of the token, never the key or the token.
 	// The demo API has no paths of its own there, so the operator's
 	// endpoints share its listener.
 	adm.register(mux)
+	adm.registerOps(mux, token)
 	return serveUntilSignal("serve", *addr, store.where(), *drain, mux, "", nil, db, stdout, stderr)
 }
 

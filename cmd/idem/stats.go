@@ -34,9 +34,10 @@ func runStats(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("stats", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	store := addStoreFlags(fs, "directory of the idempotency store")
+	store.addAdmin()
 	asJSON := fs.Bool("json", false, "print one JSON object, for scripts")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `usage: idem stats [--data DIR | --store DSN] [--json]
+		fmt.Fprint(fs.Output(), `usage: idem stats [--data DIR | --store DSN | --admin URL] [--json]
 
 Summarizes the store: live records by state, in-progress records past
 their lease (overdue) and the age of the oldest, expired records that the
@@ -46,13 +47,13 @@ how many tables a read may visit), for PostgreSQL the size of the table
 with its indexes. It reads every record once. While serve or proxy runs,
 its /metrics endpoint reports the same figures.
 
-`+toolStoreRule+"\n")
+`+toolStoreRule+"\n"+adminToolRule+"\n")
 		fs.PrintDefaults()
 	}
 	if code, done := store.parseTool(fs, args, stderr); done {
 		return code
 	}
-	db, code := store.openTool("stats", false, stderr)
+	db, code := store.openTools("stats", false, stderr)
 	if db == nil {
 		return code
 	}

@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"iter"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,17 +46,29 @@ users at once: the tool runs while serve and proxy processes use the same
 database.
 `
 
+// adminToolRule follows toolStoreRule in the help of the tools that take
+// --admin.
+const adminToolRule = `With --admin URL the tool works through a running serve or proxy instead,
+on its admin listener, with the admin token from --admin-token-file or
+` + adminTokenEnv + `: the server must have been started with the same token.
+`
+
 // openTimeout bounds opening a PostgreSQL store: an address that drops
 // packets fails the command instead of holding it for minutes. It covers
 // the migrations serve and proxy apply too; one cut off rolls back, and
 // idem migrate, which has no such bound, can apply it instead.
 const openTimeout = time.Minute
 
-// storeFlags are --data and --store.
+// storeFlags are --data and --store, and for the tools that can reach a
+// running server, --admin and --admin-token-file.
 type storeFlags struct {
 	fs  *flag.FlagSet
 	dir string
 	dsn string
+	// admin is the URL of a running serve or proxy's admin listener, and
+	// token reads the admin token; both are set by addAdmin only.
+	admin string
+	token func() (string, error)
 }
 
 // addStoreFlags registers --data and --store on fs. dataHelp describes
@@ -66,17 +80,34 @@ func addStoreFlags(fs *flag.FlagSet, dataHelp string) *storeFlags {
 	return s
 }
 
+// addAdmin registers --admin and --admin-token-file, for a tool that can
+// work through a running serve or proxy instead of opening the store.
+func (s *storeFlags) addAdmin() {
+	s.fs.StringVar(&s.admin, "admin", "", "URL of a running serve or proxy's admin listener (http://127.0.0.1:9464): work through it, while it runs, instead of opening --data or --store")
+	s.token = adminTokenFlag(s.fs)
+}
+
 // postgres reports whether the records are in PostgreSQL.
 func (s *storeFlags) postgres() bool { return s.dsn != "" }
 
 // validate reports a usage mistake: both flags, which name two different
 // stores, or a DSN that does not parse. Call it after fs.Parse.
 func (s *storeFlags) validate() error {
+	dataSet := false
+	s.fs.Visit(func(f *flag.Flag) { dataSet = dataSet || f.Name == "data" })
+	if s.admin != "" {
+		if dataSet || s.postgres() {
+			return errors.New("--admin reaches the store through a running server; give it without --data or --store")
+		}
+		u, err := url.Parse(s.admin)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+			return errors.New("--admin wants the admin listener's URL, such as http://127.0.0.1:9464")
+		}
+		return nil
+	}
 	if !s.postgres() {
 		return nil
 	}
-	dataSet := false
-	s.fs.Visit(func(f *flag.Flag) { dataSet = dataSet || f.Name == "data" })
 	if dataSet {
 		return errors.New("--data and --store name two different stores; give one")
 	}
@@ -170,6 +201,47 @@ func (s *storeFlags) openTool(name string, events bool, stderr io.Writer) (idem.
 		return nil, s.pgOpenFailed(name, err, stderr)
 	}
 	return db, 0
+}
+
+// toolStore is what inspect, get, stats and resolve need of a store: an
+// opened one (localTools), or a running server's admin listener
+// (adminClient).
+type toolStore interface {
+	Get(ctx context.Context, s idem.Scope) (*idem.Record, error)
+	Records(ctx context.Context, f idem.Filter) iter.Seq2[*idem.Record, error]
+	Metrics(ctx context.Context) (idem.Metrics, error)
+	// Resolve settles the stuck record at s as res says and returns the
+	// record as it was before.
+	Resolve(ctx context.Context, s idem.Scope, res resolution) (*idem.Record, error)
+	Close() error
+}
+
+// localTools is a toolStore over a store the tool opened itself.
+type localTools struct{ idem.Operator }
+
+func (l localTools) Resolve(ctx context.Context, s idem.Scope, res resolution) (*idem.Record, error) {
+	return settle(ctx, l.Operator, s, res)
+}
+
+// openTools is openTool for a tool that registered addAdmin: with --admin
+// it works through the server, which needs the admin token.
+func (s *storeFlags) openTools(name string, events bool, stderr io.Writer) (toolStore, int) {
+	if s.admin == "" {
+		db, code := s.openTool(name, events, stderr)
+		if db == nil {
+			return nil, code
+		}
+		return localTools{db}, 0
+	}
+	token, err := s.token()
+	if err == nil && token == "" {
+		err = fmt.Errorf("--admin needs the admin token: --admin-token-file FILE or %s", adminTokenEnv)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
+		return nil, 2
+	}
+	return newAdminClient(s.admin, token), 0
 }
 
 // pgOpenFailed prints why pgstore.Open failed and returns the exit status.

@@ -50,7 +50,7 @@ func openExisting(name, dir string, events bool, stderr io.Writer) (idem.Operato
 
 // closeStore closes db and turns a failure into exit status 1, keeping
 // code otherwise.
-func closeStore(name string, db idem.Store, code int, stderr io.Writer) int {
+func closeStore(name string, db io.Closer, code int, stderr io.Writer) int {
 	if err := db.Close(); err != nil {
 		fmt.Fprintf(stderr, "idem %s: closing the store: %v\n", name, err)
 		return 1

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem/idemhttp"
+)
+
+// The operator routes: what inspect, get, stats and resolve do, served on
+// the admin listener of a running serve or proxy, so that stuck keys can
+// be settled without stopping it. Every route needs the admin token as a
+// bearer token; without a configured token none is served.
+//
+//	GET  /v1/admin/records   records as JSON lines; query: tenant, endpoint,
+//	                         state, created_before (RFC 3339), expired=true
+//	POST /v1/admin/record    one record in full; body: {tenant, endpoint, key}
+//	GET  /v1/admin/overdue   in-progress records past their lease; query: limit
+//	GET  /v1/admin/metrics   the store's metrics as JSON
+//	POST /v1/admin/resolve   settle a stuck record; body: resolveRequest
+//
+// Keys travel in request bodies, never in URLs, which access logs keep.
+
+// adminTokenEnv names the environment variable that holds the admin token
+// when no --admin-token-file is given. A token on the command line would
+// be in the process list for every user of the machine to read.
+const adminTokenEnv = "IDEM_ADMIN_TOKEN"
+
+// minAdminToken is the shortest admin token accepted: idem keygen --format
+// token prints longer ones.
+const minAdminToken = 16
+
+// adminTokenHelp is --admin-token-file's help.
+const adminTokenHelp = "file holding the admin token, which the operator routes on the admin listener require as a bearer token (default: the " + adminTokenEnv + " environment variable)"
+
+// adminTokenFlag registers --admin-token-file on fs and returns the
+// function that reads the token after parsing: from the file, else from
+// the environment. An empty token and no error means none is configured.
+func adminTokenFlag(fs *flag.FlagSet) func() (string, error) {
+	file := fs.String("admin-token-file", "", adminTokenHelp)
+	return func() (string, error) {
+		tok := os.Getenv(adminTokenEnv)
+		if *file != "" {
+			b, err := os.ReadFile(*file)
+			if err != nil {
+				return "", fmt.Errorf("--admin-token-file: %w", err)
+			}
+			tok = string(b)
+		}
+		tok = strings.TrimSpace(tok)
+		if tok != "" && len(tok) < minAdminToken {
+			return "", fmt.Errorf("the admin token is %d characters; it needs at least %d (idem keygen --format token makes one)", len(tok), minAdminToken)
+		}
+		return tok, nil
+	}
+}
+
+// loadAdminToken reads the admin token for serve or proxy; ok is false
+// when it cannot be read, which is a usage mistake, said on stderr.
+func loadAdminToken(name string, read func() (string, error), stderr io.Writer) (token string, ok bool) {
+	token, err := read()
+	if err != nil {
+		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
+		return "", false
+	}
+	return token, true
+}
+
+// registerOps adds the operator routes to mux, each behind token; with
+// no token it adds none, so they answer 404 like any unknown path. It
+// logs which, so that an operator who expects them learns why they 404.
+func (a *admin) registerOps(mux *http.ServeMux, token string) {
+	if token == "" {
+		a.log.Info("idem: operator routes off: no admin token (--admin-token-file or " + adminTokenEnv + ")")
+		return
+	}
+	a.log.Info("idem: operator routes on under /v1/admin/, with the admin token as bearer token")
+	// Hashing both sides gives ConstantTimeCompare inputs of one length,
+	// so the comparison says nothing about the token's length either.
+	want := sha256.Sum256([]byte(token))
+	auth := func(h http.HandlerFunc) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			sum := sha256.Sum256([]byte(got))
+			if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="idem admin"`)
+				adminProblem(w, http.StatusUnauthorized, "unauthorized", "the operator routes need the admin token: Authorization: Bearer <token>", 0)
+				return
+			}
+			h(w, r)
+		})
+	}
+	mux.Handle("GET /v1/admin/records", auth(a.records))
+	mux.Handle("POST /v1/admin/record", auth(a.record))
+	mux.Handle("GET /v1/admin/overdue", auth(a.overdue))
+	mux.Handle("GET /v1/admin/metrics", auth(a.metrics))
+	mux.Handle("POST /v1/admin/resolve", auth(a.resolve))
+}
+
+// Codes of the operator routes' problem documents, beside the contract's
+// request_in_progress and store_unavailable.
+const (
+	codeBadRequest = "bad_request"      // 400: the request is malformed; nothing changed
+	codeNotFound   = "record_not_found" // 404: no live record for the scope
+	codeCompleted  = "record_completed" // 409: a completed record is never overwritten
+)
+
+func adminProblem(w http.ResponseWriter, status int, code, detail string, retry time.Duration) {
+	idemhttp.WriteProblem(w, idemhttp.Problem{Status: status, Code: code, Detail: detail}, retry)
+}
+
+// storeFailed answers a store error the routes have no better answer for;
+// the error, which may name files or hosts, goes to the log only.
+func (a *admin) storeFailed(w http.ResponseWriter, route string, err error) {
+	a.log.Error("idem: operator route failed", "route", route, "err", err)
+	adminProblem(w, http.StatusServiceUnavailable, contract.CodeStoreUnavailable, "the store could not be read or written; see the server's log", 0)
+}
+
+// wireRecord is a record on the operator routes: the tools' JSON view,
+// key included since the caller holds the admin token, and the body as
+// base64 so that bytes that are not UTF-8 survive.
+type wireRecord struct {
+	recordView
+	Raw []byte `json:"body_base64,omitempty"`
+}
+
+// recordLine is one line of GET /v1/admin/records: a record, or only an
+// error member when the listing broke off after its status was sent.
+type recordLine struct {
+	wireRecord
+	Error string `json:"error,omitempty"`
+}
+
+func wireOf(rec *idem.Record, now time.Time) *wireRecord {
+	w := &wireRecord{recordView: viewOf(rec, true, now)}
+	if rec.State == idem.StateCompleted {
+		w.Header, w.Raw = rec.Response.Header, rec.Response.Body
+	}
+	return w
+}
+
+// record turns w back into the record it shows.
+func (w *wireRecord) record() (*idem.Record, error) {
+	st, err := idem.ParseState(w.State)
+	if err != nil {
+		return nil, err
+	}
+	rec := &idem.Record{
+		Scope: idem.Scope{Tenant: w.Tenant, Endpoint: w.Endpoint, Key: w.Key}, State: st,
+		Response:    idem.Response{Status: w.Status, Header: w.Header, Body: w.Raw},
+		BodyOmitted: w.BodyOmitted, BodyLen: w.BodyBytes,
+		CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt, ExpiresAt: w.ExpiresAt, LeaseUntil: w.LeaseUntil, Attempts: w.Attempts,
+	}
+	if err := decodeHex(rec.Fingerprint[:], w.Fingerprint); err != nil {
+		return nil, fmt.Errorf("fingerprint: %w", err)
+	}
+	if err := decodeHex(rec.BodyDigest[:], w.BodySHA256); err != nil {
+		return nil, fmt.Errorf("body_sha256: %w", err)
+	}
+	return rec, nil
+}
+
+func decodeHex(dst []byte, s string) error {
+	if n, err := hex.Decode(dst, []byte(s)); err != nil || n != len(dst) {
+		return fmt.Errorf("want %d hex-encoded bytes", len(dst))
+	}
+	return nil
+}
+
+func (a *admin) records(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := idem.Filter{Tenant: q.Get("tenant"), Endpoint: q.Get("endpoint")}
+	var errs []string
+	var err error
+	if f.State, err = parseStateFlag(q.Get("state")); err != nil {
+		errs = append(errs, "state: want in_progress, completed, failed or unknown")
+	}
+	if s := q.Get("created_before"); s != "" {
+		if f.CreatedBefore, err = time.Parse(time.RFC3339Nano, s); err != nil {
+			errs = append(errs, "created_before: want an RFC 3339 time")
+		}
+	}
+	if s := q.Get("expired"); s != "" {
+		if f.Expired, err = strconv.ParseBool(s); err != nil {
+			errs = append(errs, "expired: want true or false")
+		}
+	}
+	if len(errs) > 0 {
+		adminProblem(w, http.StatusBadRequest, codeBadRequest, strings.Join(errs, "; "), 0)
+		return
+	}
+	now := time.Now()
+	enc := json.NewEncoder(w)
+	started := false
+	for rec, err := range a.db.Records(r.Context(), f) {
+		if err != nil && !started {
+			a.storeFailed(w, "records", err)
+			return
+		}
+		if !started {
+			w.Header().Set("Content-Type", "application/jsonl")
+			w.Header().Set("Cache-Control", "no-store")
+			started = true
+		}
+		if err != nil {
+			a.log.Error("idem: operator route failed", "route", "records", "err", err)
+			enc.Encode(map[string]string{"error": "the listing broke off: the store could not be read; see the server's log"})
+			return
+		}
+		if enc.Encode(wireOf(rec, now)) != nil {
+			return // the caller went away
+		}
+	}
+	if !started {
+		w.Header().Set("Content-Type", "application/jsonl")
+		w.Header().Set("Cache-Control", "no-store")
+	}
+}
+
+// readRequest reads r's JSON body into v as serve's handlers do, and
+// answers 400 when it fails.
+func readRequest(w http.ResponseWriter, r *http.Request, v any) bool {
+	r.Body = http.MaxBytesReader(w, r.Body, maxAdminBody)
+	if err := decodeBody(r, v); err != nil {
+		adminProblem(w, http.StatusBadRequest, codeBadRequest, err.Error(), 0)
+		return false
+	}
+	return true
+}
+
+// maxAdminBody bounds a request body on the operator routes: a resolve
+// carries at most a stored response body, 4 MiB by default, in base64.
+const maxAdminBody = 64 << 20
+
+// scopeRequest names one record.
+type scopeRequest struct {
+	Tenant   string `json:"tenant"`
+	Endpoint string `json:"endpoint"`
+	Key      string `json:"key"`
+}
+
+func (s scopeRequest) scope() idem.Scope {
+	return idem.Scope{Tenant: s.Tenant, Endpoint: s.Endpoint, Key: s.Key}
+}
+
+// checkScopeRequest answers 400 for a scope the tools would refuse.
+func checkScopeRequest(w http.ResponseWriter, s idem.Scope) bool {
+	if s.Endpoint == "" || s.Key == "" {
+		adminProblem(w, http.StatusBadRequest, codeBadRequest, "endpoint and key are required", 0)
+		return false
+	}
+	if err := s.Validate(); err != nil {
+		adminProblem(w, http.StatusBadRequest, codeBadRequest, err.Error(), 0)
+		return false
+	}
+	return true
+}
+
+func (a *admin) record(w http.ResponseWriter, r *http.Request) {
+	var req scopeRequest
+	if !readRequest(w, r, &req) || !checkScopeRequest(w, req.scope()) {
+		return
+	}
+	rec, err := a.db.Get(r.Context(), req.scope())
+	if err != nil {
+		a.recordFailed(w, "record", req.scope(), err)
+		return
+	}
+	writeAdminJSON(w, wireOf(rec, time.Now()))
+}
+
+// recordFailed answers an error about the record at s.
+func (a *admin) recordFailed(w http.ResponseWriter, route string, s idem.Scope, err error) {
+	var ke *idem.KeyError
+	switch {
+	case errors.Is(err, idem.ErrNotFound):
+		adminProblem(w, http.StatusNotFound, codeNotFound, "no live record for key hash "+idem.KeyHash(s.Key)+": it never existed, was released, or expired", 0)
+	case errors.Is(err, idem.ErrCompleted):
+		adminProblem(w, http.StatusConflict, codeCompleted, "the record is completed; its response is what every retry replays and is never overwritten", 0)
+	case errors.As(err, &ke) && errors.Is(err, idem.ErrInProgress):
+		adminProblem(w, http.StatusConflict, contract.CodeInProgress, "the record is in progress and its lease runs for another "+age(ke.RetryAfter)+
+			"; the process that claimed it may still finish it", ke.RetryAfter)
+	case errors.Is(err, idem.ErrInvalidScope), errors.Is(err, idem.ErrInvalidResponse):
+		adminProblem(w, http.StatusBadRequest, codeBadRequest, err.Error(), 0)
+	default:
+		a.storeFailed(w, route, err)
+	}
+}
+
+func (a *admin) overdue(w http.ResponseWriter, r *http.Request) {
+	limit := 0
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			adminProblem(w, http.StatusBadRequest, codeBadRequest, "limit: want a number, 0 or more", 0)
+			return
+		}
+		limit = n
+	}
+	recs, err := a.db.Overdue(r.Context(), limit)
+	if err != nil {
+		a.storeFailed(w, "overdue", err)
+		return
+	}
+	now := time.Now()
+	out := make([]*wireRecord, len(recs))
+	for i, rec := range recs {
+		out[i] = wireOf(rec, now)
+	}
+	writeAdminJSON(w, out)
+}
+
+func (a *admin) metrics(w http.ResponseWriter, r *http.Request) {
+	m, err := a.db.Metrics(r.Context())
+	if err != nil {
+		a.storeFailed(w, "metrics", err)
+		return
+	}
+	writeAdminJSON(w, m)
+}
+
+// resolveRequest is POST /v1/admin/resolve's body: idem resolve's flags.
+type resolveRequest struct {
+	scopeRequest
+	As     string              `json:"as"`
+	Status int                 `json:"status,omitempty"`
+	Header map[string][]string `json:"header,omitempty"`
+	Body   []byte              `json:"body_base64,omitempty"`
+	Reason string              `json:"reason,omitempty"`
+}
+
+// resolveResult is what POST /v1/admin/resolve answers: the record as it
+// was before.
+type resolveResult struct {
+	KeyHash  string `json:"key_hash"`
+	From     string `json:"from"`
+	As       string `json:"as"`
+	Attempts uint32 `json:"attempts"`
+}
+
+func (a *admin) resolve(w http.ResponseWriter, r *http.Request) {
+	var req resolveRequest
+	if !readRequest(w, r, &req) || !checkScopeRequest(w, req.scope()) {
+		return
+	}
+	res := resolution{As: req.As, Response: idem.Response{Status: req.Status, Header: req.Header, Body: req.Body}, Reason: req.Reason}
+	if err := res.check(false); err != nil {
+		adminProblem(w, http.StatusBadRequest, codeBadRequest, err.Error(), 0)
+		return
+	}
+	// The operator's request ends when the tool gives up; the resolution,
+	// once started, is worth finishing.
+	prev, err := settle(context.WithoutCancel(r.Context()), a.db, req.scope(), res)
+	if err != nil {
+		a.recordFailed(w, "resolve", req.scope(), err)
+		return
+	}
+	logResolution(a.log, req.scope(), prev, res, "admin")
+	writeAdminJSON(w, resolveResult{KeyHash: idem.KeyHash(req.Key), From: prev.State.String(), As: res.As, Attempts: prev.Attempts})
+}
+
+// writeAdminJSON answers v, which no cache may keep.
+func writeAdminJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, v)
+}
+
+// discard drains and closes a response body so that its connection is
+// reused.
+func discard(body io.ReadCloser) {
+	io.Copy(io.Discard, io.LimitReader(body, 64<<10))
+	body.Close()
+}
