@@ -26,7 +26,8 @@ import (
 // be settled without stopping it. Every route needs the admin token as a
 // bearer token; without a configured token none is served.
 //
-//	GET  /v1/admin/records   records as JSON lines; query: tenant, endpoint,
+//	GET  /v1/admin/records   records as JSON lines, without their responses;
+//	                         query: tenant, endpoint,
 //	                         state, created_before (RFC 3339), expired=true
 //	POST /v1/admin/record    one record in full; body: {tenant, endpoint, key}
 //	GET  /v1/admin/overdue   in-progress records past their lease; query: limit
@@ -145,9 +146,11 @@ type recordLine struct {
 	Error string `json:"error,omitempty"`
 }
 
-func wireOf(rec *idem.Record, now time.Time) *wireRecord {
+// wireOf shows rec; body says whether with its response's header and
+// body, which listings leave out to stay small.
+func wireOf(rec *idem.Record, body bool, now time.Time) *wireRecord {
 	w := &wireRecord{recordView: viewOf(rec, true, now)}
-	if rec.State == idem.StateCompleted {
+	if body && rec.State == idem.StateCompleted {
 		w.Header, w.Raw = rec.Response.Header, rec.Response.Body
 	}
 	return w
@@ -221,7 +224,7 @@ func (a *admin) records(w http.ResponseWriter, r *http.Request) {
 			enc.Encode(map[string]string{"error": "the listing broke off: the store could not be read; see the server's log"})
 			return
 		}
-		if enc.Encode(wireOf(rec, now)) != nil {
+		if enc.Encode(wireOf(rec, false, now)) != nil {
 			return // the caller went away
 		}
 	}
@@ -280,7 +283,7 @@ func (a *admin) record(w http.ResponseWriter, r *http.Request) {
 		a.recordFailed(w, "record", req.scope(), err)
 		return
 	}
-	writeAdminJSON(w, wireOf(rec, time.Now()))
+	writeAdminJSON(w, wireOf(rec, true, time.Now()))
 }
 
 // recordFailed answers an error about the record at s.
@@ -319,7 +322,7 @@ func (a *admin) overdue(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	out := make([]*wireRecord, len(recs))
 	for i, rec := range recs {
-		out[i] = wireOf(rec, now)
+		out[i] = wireOf(rec, false, now)
 	}
 	writeAdminJSON(w, out)
 }

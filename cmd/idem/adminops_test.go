@@ -1,17 +1,22 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/internal/idemtest"
 )
 
 const adminToken = "tok_0123456789abcdef0123456789"
@@ -244,6 +249,7 @@ func TestAdminToolUsage(t *testing.T) {
 		{[]string{"stats", "--admin", "http://127.0.0.1:1", "--store", "postgres://x@localhost/db"}, 2, "give it without --data or --store"},
 		{[]string{"get", "--admin", "127.0.0.1:9464", "--endpoint", "e", "--key", "k"}, 2, "--admin wants the admin listener's URL"},
 		{[]string{"inspect", "--admin", "http://127.0.0.1:1"}, 2, "--admin needs the admin token"},
+		{[]string{"inspect", "--data", t.TempDir(), "--admin-token-file", tok}, 2, "--admin-token-file goes with --admin URL"},
 		{[]string{"inspect", "--admin", "http://127.0.0.1:1", "--admin-token-file", tokenFile(t, "short")}, 2, "it needs at least 16"},
 		{[]string{"inspect", "--admin", "http://127.0.0.1:1", "--admin-token-file", tok}, 1, "the admin listener at http://127.0.0.1:1"},
 	} {
@@ -254,4 +260,56 @@ func TestAdminToolUsage(t *testing.T) {
 	r := runIdem(t, "", "proxy", "--upstream", "http://127.0.0.1:1", "--data", t.TempDir(), "--admin-token-file", filepath.Join(t.TempDir(), "missing"))
 	assert.Equal(t, 2, r.code)
 	assert.Contains(t, r.stderr, "--admin-token-file: open")
+}
+
+// TestAdminOpsCrashedClaim: a claim whose process died is listed as
+// overdue once its lease ends, and the client settles it through the
+// routes; while the lease runs it is left alone. In process, so that the
+// store's clock can be moved past the lease.
+func TestAdminOpsCrashedClaim(t *testing.T) {
+	db, clock := idemtest.Open(t, nil)
+	adm, err := newAdmin(db, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	adm.registerOps(mux, adminToken)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	c := newAdminClient(srv.URL+"/", adminToken)
+	t.Cleanup(func() { c.Close() })
+
+	ctx := context.Background()
+	s := idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: newKey()}
+	_, _, err = db.Claim(ctx, s, idem.Fingerprint{1}) // the process dies before it ends the lease
+	require.NoError(t, err)
+
+	_, err = c.Resolve(ctx, s, resolution{As: "released"})
+	var ke *idem.KeyError
+	require.ErrorAs(t, err, &ke)
+	require.ErrorIs(t, err, idem.ErrInProgress)
+	assert.Positive(t, ke.RetryAfter)
+	got, err := c.Get(ctx, s)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateInProgress, got.State, "a live lease is left alone")
+
+	clock.Advance(time.Hour)
+	overdue := send(t, "GET", srv.URL+"/v1/admin/overdue", "", bearer(adminToken)...)
+	require.Equal(t, http.StatusOK, overdue.status)
+	var listed []recordView
+	require.NoError(t, json.Unmarshal(overdue.body, &listed))
+	require.Len(t, listed, 1)
+	assert.Equal(t, idem.KeyHash(s.Key), listed[0].KeyHash)
+
+	prev, err := c.Resolve(ctx, s, resolution{As: "completed", Response: idem.Response{Status: 200, Body: []byte{0xff, 0}}})
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateInProgress, prev.State)
+	got, err = c.Get(ctx, s)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateCompleted, got.State)
+	assert.Equal(t, []byte{0xff, 0}, got.Response.Body, "bytes that are not UTF-8 survive")
+	assert.Equal(t, uint32(2), got.Attempts)
+
+	_, err = c.Resolve(ctx, s, resolution{As: "released"})
+	require.ErrorIs(t, err, idem.ErrCompleted)
+	_, err = c.Get(ctx, idem.Scope{Endpoint: "POST /v1/payments", Key: "absent"})
+	require.ErrorIs(t, err, idem.ErrNotFound)
 }

@@ -93,8 +93,14 @@ func (s *storeFlags) postgres() bool { return s.dsn != "" }
 // validate reports a usage mistake: both flags, which name two different
 // stores, or a DSN that does not parse. Call it after fs.Parse.
 func (s *storeFlags) validate() error {
-	dataSet := false
-	s.fs.Visit(func(f *flag.Flag) { dataSet = dataSet || f.Name == "data" })
+	dataSet, tokenSet := false, false
+	s.fs.Visit(func(f *flag.Flag) {
+		dataSet = dataSet || f.Name == "data"
+		tokenSet = tokenSet || f.Name == "admin-token-file"
+	})
+	if tokenSet && s.admin == "" && s.token != nil { // serve and proxy take the token for themselves
+		return errors.New("--admin-token-file goes with --admin URL")
+	}
 	if s.admin != "" {
 		if dataSet || s.postgres() {
 			return errors.New("--admin reaches the store through a running server; give it without --data or --store")
