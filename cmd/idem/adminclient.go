@@ -85,7 +85,7 @@ func (c *adminClient) do(ctx context.Context, method, path string, in any) (*htt
 	case contract.CodeInProgress:
 		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 		return nil, &idem.KeyError{Err: idem.ErrInProgress, State: idem.StateInProgress, RetryAfter: time.Duration(secs) * time.Second}
-	case "unauthorized":
+	case codeUnauthorized:
 		return nil, fmt.Errorf("the admin listener at %s refused the admin token", c.base)
 	}
 	return nil, fmt.Errorf("the admin listener at %s: %s (%s)", c.base, p.Detail, p.Code)

@@ -27,8 +27,8 @@ import (
 // bearer token; without a configured token none is served.
 //
 //	GET  /v1/admin/records   records as JSON lines, without their responses;
-//	                         query: tenant, endpoint,
-//	                         state, created_before (RFC 3339), expired=true
+//	                         query: tenant, endpoint, state,
+//	                         created_before (RFC 3339), expired=true
 //	POST /v1/admin/record    one record in full; body: {tenant, endpoint, key}
 //	GET  /v1/admin/overdue   in-progress records past their lease; query: limit
 //	GET  /v1/admin/metrics   the store's metrics as JSON
@@ -99,7 +99,7 @@ func (a *admin) registerOps(mux *http.ServeMux, token string) {
 			sum := sha256.Sum256([]byte(got))
 			if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="idem admin"`)
-				adminProblem(w, http.StatusUnauthorized, "unauthorized", "the operator routes need the admin token: Authorization: Bearer <token>", 0)
+				adminProblem(w, http.StatusUnauthorized, codeUnauthorized, "the operator routes need the admin token: Authorization: Bearer <token>", 0)
 				return
 			}
 			h(w, r)
@@ -115,9 +115,10 @@ func (a *admin) registerOps(mux *http.ServeMux, token string) {
 // Codes of the operator routes' problem documents, beside the contract's
 // request_in_progress and store_unavailable.
 const (
-	codeBadRequest = "bad_request"      // 400: the request is malformed; nothing changed
-	codeNotFound   = "record_not_found" // 404: no live record for the scope
-	codeCompleted  = "record_completed" // 409: a completed record is never overwritten
+	codeUnauthorized = "unauthorized"     // 401: no admin token, or another one
+	codeBadRequest   = "bad_request"      // 400: the request is malformed; nothing changed
+	codeNotFound     = "record_not_found" // 404: no live record for the scope
+	codeCompleted    = "record_completed" // 409: a completed record is never overwritten
 )
 
 func adminProblem(w http.ResponseWriter, status int, code, detail string, retry time.Duration) {
@@ -360,7 +361,18 @@ func (a *admin) resolve(w http.ResponseWriter, r *http.Request) {
 	if !readRequest(w, r, &req) || !checkScopeRequest(w, req.scope()) {
 		return
 	}
-	res := resolution{As: req.As, Response: idem.Response{Status: req.Status, Header: req.Header, Body: req.Body}, Reason: req.Reason}
+	// The header passes resolve's --header check, so that a replay never
+	// sends a name or value that could end the header early.
+	header := headerFlags{}
+	for name, values := range req.Header {
+		for _, v := range values {
+			if err := header.Set(name + ": " + v); err != nil || strings.Contains(name, ":") {
+				adminProblem(w, http.StatusBadRequest, codeBadRequest, fmt.Sprintf("header %q: want a field name without spaces or colons, and values on one line", name), 0)
+				return
+			}
+		}
+	}
+	res := resolution{As: req.As, Response: idem.Response{Status: req.Status, Header: http.Header(header), Body: req.Body}, Reason: req.Reason}
 	if err := res.check(false); err != nil {
 		adminProblem(w, http.StatusBadRequest, codeBadRequest, err.Error(), 0)
 		return

@@ -169,6 +169,8 @@ func TestAdminOpsRefusals(t *testing.T) {
 		{"bad as", strings.Replace(release, "released", "maybe", 1), `as "maybe": want released, unknown or completed`},
 		{"completed without status", strings.Replace(release, "released", "completed", 1), "as completed needs status between 100 and 999"},
 		{"status without completed", strings.Replace(release, `"as"`, `"status":200,"as"`, 1), "go with as completed only"},
+		{"header splitting", strings.Replace(release, `"as":"released"`, `"as":"completed","status":200,"header":{"X-A":["1\r\nSet-Cookie: x"]}`, 1), `header "X-A"`},
+		{"header name", strings.Replace(release, `"as":"released"`, `"as":"completed","status":200,"header":{"X-A: b":["1"]}`, 1), `header "X-A: b"`},
 		{"no key", strings.Replace(release, quote(scope.Key), `""`, 1), "endpoint and key are required"},
 		{"unknown member", strings.Replace(release, `"as"`, `"ass":1,"as"`, 1), "unknown field"},
 		{"not JSON", "as=released", "invalid character"},
