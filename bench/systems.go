@@ -215,6 +215,8 @@ var openers = map[string]func(env) (system, error){
 	"postgres":     openPostgres,
 	"pgstore":      openPgstore,
 	"redis":        openRedis,
+	"idem-proxy":   openIdemProxy,
+	"upstream":     openUpstream,
 	"proxy-pg-1":   openProxyPG(1),
 	"proxy-pg-2":   openProxyPG(2),
 	"proxy-pg-3":   openProxyPG(3),
