@@ -30,6 +30,7 @@ type httpSystem struct {
 	srv    *http.Server
 	url    string
 	client *http.Client
+	syncs  syncCounter
 }
 
 // tenantHeader carries the caller in the benchmark's requests. A real
@@ -142,7 +143,7 @@ func (s *httpSystem) replay(ctx context.Context, o op) ([]byte, error) {
 	return b, err
 }
 
-func (s *httpSystem) syncsPerOp() float64 { return 0 }
+func (s *httpSystem) syncsPerOp() float64 { return dbSyncsPerOp(s.db, &s.syncs) }
 
 func (s *httpSystem) close() error {
 	s.client.CloseIdleConnections()

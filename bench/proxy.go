@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -10,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/crashtest"
 )
 
@@ -33,6 +36,10 @@ type proxySystem struct {
 	upstream *http.Server
 	dsn      string // -pg, to drop the schema with; empty on the embedded store
 	schema   string
+	// metrics is the proxy's /metrics on the embedded store, where
+	// syncsPerOp reads the store's commits and syncs; empty on PostgreSQL.
+	metrics string
+	syncs   syncCounter
 }
 
 // proxyStopGuard bounds how long a replica may take to stop after SIGTERM
@@ -112,6 +119,12 @@ func openIdemProxy(e env) (system, error) {
 	if err := s.start(bin, []string{"--data", e.dir}, 1, e); err != nil {
 		return nil, errors.Join(err, s.close())
 	}
+	line, err := s.procs[0].WaitLine("admin on http://", time.Minute)
+	if err != nil {
+		return nil, errors.Join(err, s.close())
+	}
+	s.metrics = strings.Fields(line[strings.Index(line, "http://"):])[0] + "/metrics"
+	s.syncsPerOp() // start counting here
 	return s, nil
 }
 
@@ -136,8 +149,14 @@ func (s *proxySystem) start(bin string, storeArgs []string, replicas int, e env)
 	}
 	s.upstream = srv
 	for range replicas {
+		// On PostgreSQL the server's syncs are not the proxy's to count,
+		// so only the embedded store's proxy serves its metrics.
+		admin := ""
+		if s.dsn == "" {
+			admin = "127.0.0.1:0"
+		}
 		args := append([]string{"proxy"}, storeArgs...)
-		p, err := crashtest.Start(bin, nil, append(args, "--listen", "127.0.0.1:0", "--admin", "", "--events=false",
+		p, err := crashtest.Start(bin, nil, append(args, "--listen", "127.0.0.1:0", "--admin", admin, "--events=false",
 			"--upstream", upstreamURL, "--tenant-from", "header:"+tenantHeader)...)
 		if err != nil {
 			return err
@@ -186,9 +205,32 @@ func (s *proxySystem) replay(ctx context.Context, o op) ([]byte, error) {
 	return b, err
 }
 
-// syncsPerOp is 0: pg_stat_wal counts the server's syncs, but backends
-// report to it at most once a second, too seldom for a cell of seconds.
-func (s *proxySystem) syncsPerOp() float64 { return 0 }
+// syncsPerOp reads the embedded store's figures from the proxy's
+// /metrics. On PostgreSQL it is 0: pg_stat_wal counts the server's syncs,
+// but backends report to it at most once a second, too seldom for a cell
+// of seconds.
+func (s *proxySystem) syncsPerOp() float64 {
+	if s.metrics == "" {
+		return 0
+	}
+	resp, err := s.client.Get(s.metrics)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var commits, syncs float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, value, _ := strings.Cut(sc.Text(), " ")
+		switch name {
+		case idem.FigureCommits:
+			commits, _ = strconv.ParseFloat(value, 64)
+		case idem.FigureSyncs:
+			syncs, _ = strconv.ParseFloat(value, 64)
+		}
+	}
+	return s.syncs.perOp(commits, syncs)
+}
 
 // close stops the replicas with SIGTERM (a kill after proxyStopGuard),
 // then the upstream, and drops the schema.
