@@ -30,6 +30,7 @@ type httpSystem struct {
 	srv    *http.Server
 	url    string
 	client *http.Client
+	syncs  syncCounter
 }
 
 // tenantHeader carries the caller in the benchmark's requests. A real
@@ -53,15 +54,19 @@ func openIdemHTTP(e env) (system, error) {
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
-	tr := &http.Transport{
-		// One idle connection per caller, so that no request waits for a
-		// new connection once the first ones are open.
-		MaxIdleConns:        e.maxConc,
-		MaxIdleConnsPerHost: e.maxConc,
+	return &httpSystem{db: db, srv: srv, url: "http://" + ln.Addr().String() + "/v1/payments", client: newClient(e.maxConc, 1)}, nil
+}
+
+// newClient is the keep-alive client of the HTTP systems: one idle
+// connection per caller to each of hosts servers, so that no request
+// waits for a new connection once the first ones are open.
+func newClient(maxConc, hosts int) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		MaxIdleConns:        maxConc * hosts,
+		MaxIdleConnsPerHost: maxConc,
 		IdleConnTimeout:     time.Minute,
 		DisableCompression:  true,
-	}
-	return &httpSystem{db: db, srv: srv, url: "http://" + ln.Addr().String() + "/v1/payments", client: &http.Client{Transport: tr}}, nil
+	}}
 }
 
 // newHandler is the server's handler: the middleware, its tenant from
@@ -77,12 +82,18 @@ func newHandler(db *idem.DB, bodies bodies) (http.Handler, error) {
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/payments", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("POST /v1/payments", mw(answer201(bodies)))
+	return mux, nil
+}
+
+// answer201 is the service behind every HTTP system: it answers 201 with
+// the body of the request's key.
+func answer201(bodies bodies) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		w.Write(bodies.of(r.Header.Get("Idempotency-Key")))
-	})))
-	return mux, nil
+	})
 }
 
 // requestBody is the payment a request carries; the key makes each
@@ -132,7 +143,7 @@ func (s *httpSystem) replay(ctx context.Context, o op) ([]byte, error) {
 	return b, err
 }
 
-func (s *httpSystem) syncsPerOp() float64 { return 0 }
+func (s *httpSystem) syncsPerOp() float64 { return dbSyncsPerOp(s.db, &s.syncs) }
 
 func (s *httpSystem) close() error {
 	s.client.CloseIdleConnections()

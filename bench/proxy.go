@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -10,27 +11,35 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/crashtest"
 )
 
-// proxySystem is the deployment pgstore is for: one or more real `idem
-// proxy` processes, all with --store on one PostgreSQL database, in front
-// of one upstream that answers 201 with the body. The systems proxy-pg-1,
-// -2 and -3 differ only in how many replicas they run, so their rows show
-// how far adding proxies scales on one server. Each request goes to a
-// replica picked at random; a replay is the same POST again, usually
-// through another replica than the one that recorded it.
+// proxySystem is one or more real `idem proxy` processes in front of one
+// upstream in the harness's process that answers 201 with the body.
+// idem-proxy is one proxy on the embedded store, beside idem-http, so that
+// the proxy's own cost shows. proxy-pg-1, -2 and -3 are the deployment
+// pgstore is for: their replicas all have --store on one PostgreSQL
+// database, and the systems differ only in how many replicas they run, so
+// their rows show how far adding proxies scales on one server. Each
+// request goes to a replica picked at random; a replay is the same POST
+// again, usually through another replica than the one that recorded it.
 type proxySystem struct {
 	procs    []*crashtest.Process
 	urls     []string // each replica's POST URL
 	client   *http.Client
 	upstream *http.Server
-	dsn      string // -pg, to drop the schema with
+	dsn      string // -pg, to drop the schema with; empty on the embedded store
 	schema   string
+	// metrics is the proxy's /metrics on the embedded store, where
+	// syncsPerOp reads the store's commits and syncs; empty on PostgreSQL.
+	metrics string
+	syncs   syncCounter
 }
 
 // proxyStopGuard bounds how long a replica may take to stop after SIGTERM
@@ -92,34 +101,63 @@ func openProxyPG(replicas int) func(env) (system, error) {
 			return nil, err
 		}
 		s := &proxySystem{dsn: e.pgDSN, schema: schema}
-		if err := s.start(bin, dsn, replicas, e); err != nil {
+		if err := s.start(bin, []string{"--store", dsn}, replicas, e); err != nil {
 			return nil, errors.Join(err, s.close())
 		}
 		return s, nil
 	}
 }
 
-// start runs the upstream and the replicas. On error, what it started is
-// left in s for close to stop.
-func (s *proxySystem) start(bin, dsn string, replicas int, e env) error {
+// openIdemProxy is one proxy on the embedded store, its data in the
+// system's directory.
+func openIdemProxy(e env) (system, error) {
+	bin, err := buildProxy(filepath.Join(filepath.Dir(e.dir), "bin"))
+	if err != nil {
+		return nil, err
+	}
+	s := &proxySystem{}
+	if err := s.start(bin, []string{"--data", e.dir}, 1, e); err != nil {
+		return nil, errors.Join(err, s.close())
+	}
+	line, err := s.procs[0].WaitLine("admin on http://", time.Minute)
+	if err != nil {
+		return nil, errors.Join(err, s.close())
+	}
+	s.metrics = strings.Fields(line[strings.Index(line, "http://"):])[0] + "/metrics"
+	s.syncsPerOp() // start counting here
+	return s, nil
+}
+
+// startUpstream serves the handler every HTTP system answers with on
+// loopback and returns the server and its base URL.
+func startUpstream(bodies bodies) (*http.Server, string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	srv := &http.Server{Handler: answer201(bodies), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return srv, "http://" + ln.Addr().String(), nil
+}
+
+// start runs the upstream and the replicas, each with storeArgs. On error,
+// what it started is left in s for close to stop.
+func (s *proxySystem) start(bin string, storeArgs []string, replicas int, e env) error {
+	srv, upstreamURL, err := startUpstream(e.bodies)
 	if err != nil {
 		return err
 	}
-	bodies := e.bodies
-	s.upstream = &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusCreated)
-			w.Write(bodies.of(r.Header.Get("Idempotency-Key")))
-		}),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	go s.upstream.Serve(ln)
+	s.upstream = srv
 	for range replicas {
-		p, err := crashtest.Start(bin, nil, "proxy",
-			"--store", dsn, "--listen", "127.0.0.1:0", "--admin", "", "--events=false",
-			"--upstream", "http://"+ln.Addr().String(), "--tenant-from", "header:"+tenantHeader)
+		// On PostgreSQL the server's syncs are not the proxy's to count,
+		// so only the embedded store's proxy serves its metrics.
+		admin := ""
+		if s.dsn == "" {
+			admin = "127.0.0.1:0"
+		}
+		args := append([]string{"proxy"}, storeArgs...)
+		p, err := crashtest.Start(bin, nil, append(args, "--listen", "127.0.0.1:0", "--admin", admin, "--events=false",
+			"--upstream", upstreamURL, "--tenant-from", "header:"+tenantHeader)...)
 		if err != nil {
 			return err
 		}
@@ -132,14 +170,7 @@ func (s *proxySystem) start(bin, dsn string, replicas int, e env) error {
 		}
 		s.urls = append(s.urls, u+"/v1/payments")
 	}
-	s.client = &http.Client{Transport: &http.Transport{
-		// One idle connection per caller to each replica, so that no
-		// request waits for a new connection once the first ones are open.
-		MaxIdleConns:        e.maxConc * replicas,
-		MaxIdleConnsPerHost: e.maxConc,
-		IdleConnTimeout:     time.Minute,
-		DisableCompression:  true,
-	}}
+	s.client = newClient(e.maxConc, replicas)
 	return nil
 }
 
@@ -174,9 +205,32 @@ func (s *proxySystem) replay(ctx context.Context, o op) ([]byte, error) {
 	return b, err
 }
 
-// syncsPerOp is 0: pg_stat_wal counts the server's syncs, but backends
-// report to it at most once a second, too seldom for a cell of seconds.
-func (s *proxySystem) syncsPerOp() float64 { return 0 }
+// syncsPerOp reads the embedded store's figures from the proxy's
+// /metrics. On PostgreSQL it is 0: pg_stat_wal counts the server's syncs,
+// but backends report to it at most once a second, too seldom for a cell
+// of seconds.
+func (s *proxySystem) syncsPerOp() float64 {
+	if s.metrics == "" {
+		return 0
+	}
+	resp, err := s.client.Get(s.metrics)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var commits, syncs float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, value, _ := strings.Cut(sc.Text(), " ")
+		switch name {
+		case idem.FigureCommits:
+			commits, _ = strconv.ParseFloat(value, 64)
+		case idem.FigureSyncs:
+			syncs, _ = strconv.ParseFloat(value, 64)
+		}
+	}
+	return s.syncs.perOp(commits, syncs)
+}
 
 // close stops the replicas with SIGTERM (a kill after proxyStopGuard),
 // then the upstream, and drops the schema.
@@ -202,8 +256,45 @@ func (s *proxySystem) close() error {
 		s.upstream.Shutdown(ctx)
 		cancel()
 	}
-	if err := pgExec(context.Background(), s.dsn, false, "DROP SCHEMA IF EXISTS "+s.schema+" CASCADE"); err != nil {
-		errs = append(errs, fmt.Errorf("drop %s: %w", s.schema, err))
+	if s.dsn != "" {
+		if err := pgExec(context.Background(), s.dsn, false, "DROP SCHEMA IF EXISTS "+s.schema+" CASCADE"); err != nil {
+			errs = append(errs, fmt.Errorf("drop %s: %w", s.schema, err))
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// upstreamSystem is the upstream alone, without a proxy: the floor under
+// the idem-proxy row. Nothing is stored, so it has no replay rows.
+type upstreamSystem struct {
+	srv    *http.Server
+	url    string
+	client *http.Client
+}
+
+func openUpstream(e env) (system, error) {
+	srv, u, err := startUpstream(e.bodies)
+	if err != nil {
+		return nil, err
+	}
+	return &upstreamSystem{srv: srv, url: u + "/v1/payments", client: newClient(e.maxConc, 1)}, nil
+}
+
+func (s *upstreamSystem) claimComplete(ctx context.Context, o op, body []byte) error {
+	_, _, err := postOp(ctx, s.client, s.url, o)
+	return err
+}
+
+func (s *upstreamSystem) replay(context.Context, op) ([]byte, error) {
+	return nil, errors.New("bench: the upstream stores nothing to replay")
+}
+
+func (s *upstreamSystem) noReplay()           {}
+func (s *upstreamSystem) syncsPerOp() float64 { return 0 }
+
+func (s *upstreamSystem) close() error {
+	s.client.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.srv.Shutdown(ctx)
 }

@@ -21,6 +21,7 @@ var baselines = []struct{ system, heading string }{
 	{"disk", "vs disk ceiling"},
 	{"pebble", "vs pebble"},
 	{"proxy-pg-1", "vs proxy-pg-1"},
+	{"upstream", "vs upstream"},
 }
 
 // results is everything one run measured.
@@ -196,6 +197,32 @@ func goals(res results) []goal {
 				goal:     fmt.Sprintf("%s at conc=%d: pgstore ≥ 0.9x postgres", w, conc),
 				measured: fmt.Sprintf("%.2fx (%.0f vs %.0f ops/s)", ratio, ps.rate(), pg.rate()),
 				met:      ratio >= 0.9,
+			})
+		}
+	}
+	// The proxy is idemhttp in a process of its own plus a hop to the
+	// upstream; that hop may cost a fifth of the throughput under
+	// concurrency and 150µs of latency one request at a time.
+	for _, conc := range []int{16, 64} {
+		px, ok1 := res.find(workClaim, "idem-proxy", conc)
+		ih, ok2 := res.find(workClaim, "idem-http", conc)
+		if !ok1 || !ok2 {
+			continue
+		}
+		ratio := px.rate() / ih.rate()
+		gs = append(gs, goal{
+			goal:     fmt.Sprintf("claim+complete at conc=%d: idem-proxy ≥ 0.8x idem-http", conc),
+			measured: fmt.Sprintf("%.2fx (%.0f vs %.0f ops/s)", ratio, px.rate(), ih.rate()),
+			met:      ratio >= 0.8,
+		})
+	}
+	if px, ok := res.find(workClaim, "idem-proxy", 1); ok {
+		if ih, ok := res.find(workClaim, "idem-http", 1); ok {
+			added := px.p50 - ih.p50
+			gs = append(gs, goal{
+				goal:     "claim+complete at conc=1: idem-proxy p50 ≤ idem-http p50 + 150µs",
+				measured: fmt.Sprintf("%s added (%s vs %s)", round(added), round(px.p50), round(ih.p50)),
+				met:      added <= 150*time.Microsecond,
 			})
 		}
 	}

@@ -66,8 +66,34 @@ type noReplay interface{ noReplay() }
 
 // idemSystem is the idem library on its default options.
 type idemSystem struct {
-	db                     *idem.DB
-	lastCommits, lastSyncs int64
+	db    *idem.DB
+	syncs syncCounter
+}
+
+// syncCounter turns a store's running totals of commits and WAL syncs
+// into syncs per claim+complete since the previous call.
+type syncCounter struct{ lastCommits, lastSyncs int64 }
+
+func (c *syncCounter) perOp(totalCommits, totalSyncs float64) float64 {
+	commits, syncs := int64(totalCommits)-c.lastCommits, int64(totalSyncs)-c.lastSyncs
+	c.lastCommits, c.lastSyncs = int64(totalCommits), int64(totalSyncs)
+	if commits == 0 {
+		return 0
+	}
+	// Two commits (claim, complete) per operation.
+	return 2 * float64(syncs) / float64(commits)
+}
+
+// dbSyncsPerOp is syncCounter.perOp over db's own figures, 0 when they
+// cannot be read.
+func dbSyncsPerOp(db *idem.DB, c *syncCounter) float64 {
+	m, err := db.Metrics(context.Background())
+	if err != nil {
+		return 0
+	}
+	commits, _ := m.Figure(idem.FigureCommits)
+	syncs, _ := m.Figure(idem.FigureSyncs)
+	return c.perOp(commits, syncs)
 }
 
 func openIdem(e env) (system, error) {
@@ -99,21 +125,7 @@ func (s *idemSystem) replay(ctx context.Context, o op) ([]byte, error) {
 	return rec.Response.Body, nil
 }
 
-func (s *idemSystem) syncsPerOp() float64 {
-	m, err := s.db.Metrics(context.Background())
-	if err != nil {
-		return 0
-	}
-	c, _ := m.Figure(idem.FigureCommits)
-	y, _ := m.Figure(idem.FigureSyncs)
-	commits, syncs := int64(c)-s.lastCommits, int64(y)-s.lastSyncs
-	s.lastCommits, s.lastSyncs = int64(c), int64(y)
-	if commits == 0 {
-		return 0
-	}
-	// Two commits (claim, complete) per operation.
-	return 2 * float64(syncs) / float64(commits)
-}
+func (s *idemSystem) syncsPerOp() float64 { return dbSyncsPerOp(s.db, &s.syncs) }
 
 func (s *idemSystem) close() error { return s.db.Close() }
 
@@ -215,6 +227,8 @@ var openers = map[string]func(env) (system, error){
 	"postgres":     openPostgres,
 	"pgstore":      openPgstore,
 	"redis":        openRedis,
+	"idem-proxy":   openIdemProxy,
+	"upstream":     openUpstream,
 	"proxy-pg-1":   openProxyPG(1),
 	"proxy-pg-2":   openProxyPG(2),
 	"proxy-pg-3":   openProxyPG(3),

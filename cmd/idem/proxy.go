@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemkv/idem"
@@ -392,6 +393,12 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 	// connections per host by default, so under concurrency most requests
 	// would dial anew and leave a socket in TIME_WAIT behind them.
 	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = upstreamIdleConns, upstreamIdleConns
+	// The client's Accept-Encoding goes upstream as it came. Otherwise the
+	// Transport asks for gzip on its own when the client did not, and
+	// decompresses the answer: its length is then unknown, so ReverseProxy
+	// flushes every write and the recorder streams an answer it could
+	// have held whole, after spending a processor inflating it.
+	tr.DisableCompression = true
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dialer.DialContext(ctx, network, addr)
 		if err != nil {
@@ -415,8 +422,9 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 			}
 			return nil
 		},
-		Transport: tr,
-		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		Transport:  tr,
+		BufferPool: &copyBuffers{},
+		ErrorLog:   slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		// No periodic flushing: an answer of known length then reaches the
 		// client only once its outcome is stored. ReverseProxy still
 		// flushes each write of a response without a length and of
@@ -437,6 +445,23 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 		rp.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
+
+// copyBuffers lends ReverseProxy the buffers it copies response bodies
+// through. Without a pool it allocates a new one for every response, which
+// is most of what the proxy allocates.
+type copyBuffers struct{ pool sync.Pool }
+
+// copyBufferBytes is the size of each buffer, ReverseProxy's own.
+const copyBufferBytes = 32 << 10
+
+func (b *copyBuffers) Get() []byte {
+	if p, ok := b.pool.Get().(*[]byte); ok {
+		return *p
+	}
+	return make([]byte, copyBufferBytes)
+}
+
+func (b *copyBuffers) Put(buf []byte) { b.pool.Put(&buf) }
 
 // applyOutcome tells the middleware what the upstream said of its answer
 // in contract.HeaderOutcome. The response's request is the one the proxy

@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkv/idem/internal/idemtest"
 )
 
 // upstream is the service behind the proxy, in the test process, so that
@@ -467,6 +469,22 @@ func TestProxyReusesUpstreamConnections(t *testing.T) {
 		wg.Wait()
 	}
 	assert.LessOrEqual(t, int(opened.Load()), 2*callers, "connections opened to the upstream for %d requests", callers*rounds)
+}
+
+// TestProxyLeavesEncodingToClient: a client that asks for no encoding gets
+// the upstream's plain answer, stored with its length, and the upstream
+// hears no Accept-Encoding the client did not send.
+func TestProxyLeavesEncodingToClient(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u)
+	plain := &http.Client{Transport: &http.Transport{DisableCompression: true}, Timeout: guard}
+	key := newKey()
+	status, h, _, err := idemtest.Send(context.Background(), plain, "POST", p.url+"/pay", `{"amount": 4200}`, keyed(key)...)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, status)
+	assert.NotEmpty(t, h.Get("Content-Length"))
+	assert.Empty(t, u.header(key).Values("Accept-Encoding"))
 }
 
 // TestProxyUpstreamDown: a request that never reached the upstream frees
