@@ -183,38 +183,33 @@ func goals(res results) []goal {
 			met:      o.perRequest() <= 15*time.Microsecond,
 		})
 	}
+	// atLeast adds the goal that system reaches min times base's ops/s in
+	// workload w at conc, when the run measured both.
+	atLeast := func(w, system, base string, conc int, min float64) {
+		got, ok1 := res.find(w, system, conc)
+		ref, ok2 := res.find(w, base, conc)
+		if !ok1 || !ok2 {
+			return
+		}
+		ratio := got.rate() / ref.rate()
+		gs = append(gs, goal{
+			goal:     fmt.Sprintf("%s at conc=%d: %s ≥ %.1fx %s", w, conc, system, min, base),
+			measured: fmt.Sprintf("%.2fx (%.0f vs %.0f ops/s)", ratio, got.rate(), ref.rate()),
+			met:      ratio >= min,
+		})
+	}
 	// pgstore is the reference's design plus the contract's work; that
 	// work may cost at most a tenth of the raw row's throughput.
 	for _, w := range []string{workClaim, workReplay} {
 		for _, conc := range []int{16, 64} {
-			pg, ok1 := res.find(w, "postgres", conc)
-			ps, ok2 := res.find(w, "pgstore", conc)
-			if !ok1 || !ok2 {
-				continue
-			}
-			ratio := ps.rate() / pg.rate()
-			gs = append(gs, goal{
-				goal:     fmt.Sprintf("%s at conc=%d: pgstore ≥ 0.9x postgres", w, conc),
-				measured: fmt.Sprintf("%.2fx (%.0f vs %.0f ops/s)", ratio, ps.rate(), pg.rate()),
-				met:      ratio >= 0.9,
-			})
+			atLeast(w, "pgstore", "postgres", conc, 0.9)
 		}
 	}
 	// The proxy is idemhttp in a process of its own plus a hop to the
 	// upstream; that hop may cost a fifth of the throughput under
-	// concurrency and 150µs of latency one request at a time.
+	// concurrency, and 150µs of latency one request at a time.
 	for _, conc := range []int{16, 64} {
-		px, ok1 := res.find(workClaim, "idem-proxy", conc)
-		ih, ok2 := res.find(workClaim, "idem-http", conc)
-		if !ok1 || !ok2 {
-			continue
-		}
-		ratio := px.rate() / ih.rate()
-		gs = append(gs, goal{
-			goal:     fmt.Sprintf("claim+complete at conc=%d: idem-proxy ≥ 0.8x idem-http", conc),
-			measured: fmt.Sprintf("%.2fx (%.0f vs %.0f ops/s)", ratio, px.rate(), ih.rate()),
-			met:      ratio >= 0.8,
-		})
+		atLeast(workClaim, "idem-proxy", "idem-http", conc, 0.8)
 	}
 	if px, ok := res.find(workClaim, "idem-proxy", 1); ok {
 		if ih, ok := res.find(workClaim, "idem-http", 1); ok {
