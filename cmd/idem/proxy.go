@@ -28,6 +28,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	store := addStoreFlags(fs, "directory of the idempotency store (one process at a time)")
 	listen := fs.String("listen", "127.0.0.1:8081", "address to accept clients on; port 0 picks a free one")
+	tlsf := addTLSFlags(fs)
 	upstream := fs.String("upstream", "", "base URL of the service to protect, e.g. http://127.0.0.1:3000 (required)")
 	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none (every caller shares one key space and so each other's stored answers; warned about at start)")
 	ttl := fs.Duration("ttl", 0, "how long a key is remembered, at least ten leases (default 24h)")
@@ -131,6 +132,10 @@ one line, with a hash of the key, never the key itself.
 	}
 	if fs.NArg() > 0 {
 		return usageErr("unexpected argument %q", fs.Arg(0))
+	}
+	tlsConf, err := tlsf.config()
+	if err != nil {
+		return usageErr("%v", err)
 	}
 	if err := store.validate(); err != nil {
 		return usageErr("%v", err)
@@ -251,7 +256,7 @@ one line, with a hash of the key, never the key itself.
 		adm.registerOps(mux, token)
 		adminH = mux
 	}
-	return serveUntilSignal("proxy", *listen, store.where(), *drain, h, *adminAddr, adminH, db, stdout, stderr)
+	return serveUntilSignal("proxy", *listen, tlsConf, store.where(), *drain, h, *adminAddr, adminH, db, stdout, stderr)
 }
 
 func parseUpstream(s string) (*url.URL, error) {

@@ -24,6 +24,7 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	store := addStoreFlags(fs, "directory of the idempotency store (one process at a time)")
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on; port 0 picks a free one")
+	tlsf := addTLSFlags(fs)
 	delay := fs.Duration("provider-delay", 0, "how long the simulated payment provider takes per charge or refund; try 5s to see 409 request_in_progress")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the middleware answers: the type is it followed by the code, and the answer links to it (Link rel=describedby)")
@@ -95,6 +96,12 @@ with a hash of the key and of the token, never the key or the token.
 		fs.Usage()
 		return 2
 	}
+	tlsConf, err := tlsf.config()
+	if err != nil {
+		fmt.Fprintf(stderr, "idem serve: %v\n", err)
+		fs.Usage()
+		return 2
+	}
 	token, ok := loadAdminToken("serve", adminToken, stderr)
 	if !ok {
 		return 2
@@ -125,7 +132,7 @@ with a hash of the key and of the token, never the key or the token.
 	// endpoints share its listener.
 	adm.register(mux)
 	adm.registerOps(mux, token)
-	return serveUntilSignal("serve", *addr, store.where(), *drain, mux, "", nil, db, stdout, stderr)
+	return serveUntilSignal("serve", *addr, tlsConf, store.where(), *drain, mux, "", nil, db, stdout, stderr)
 }
 
 // serveLogger is newLogger for serve, whose tenant is a bearer token: a

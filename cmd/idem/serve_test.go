@@ -57,7 +57,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-var listenLine = regexp.MustCompile(`listening on (http://\S+), data in (.+)$`)
+var listenLine = regexp.MustCompile(`listening on (https?://\S+), data in (.+)$`)
 
 // startDaemon runs the binary with args and returns once it has printed
 // where it listens. The process is stopped with SIGTERM at the end of the

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -59,6 +61,34 @@ func openStore(name, dir string, opts *idem.Options, stderr io.Writer) (idem.Ope
 	}
 }
 
+// tlsFlags are --tls-cert and --tls-key, which serve and proxy take for
+// their client listener.
+type tlsFlags struct{ cert, key *string }
+
+func addTLSFlags(fs *flag.FlagSet) *tlsFlags {
+	return &tlsFlags{
+		cert: fs.String("tls-cert", "", "PEM certificate `FILE`, its chain after it, to serve HTTPS with instead of HTTP; needs --tls-key"),
+		key:  fs.String("tls-key", "", "PEM private key `FILE` of --tls-cert"),
+	}
+}
+
+// config returns the listener's TLS configuration, or nil for plain HTTP.
+// It offers HTTP/1.1 alone, as the plain listener serves it: the proxy
+// answers only HTTP/1.x, and one protocol on both keeps them alike.
+func (f *tlsFlags) config() (*tls.Config, error) {
+	switch {
+	case *f.cert == "" && *f.key == "":
+		return nil, nil
+	case *f.cert == "" || *f.key == "":
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	pair, err := tls.LoadX509KeyPair(*f.cert, *f.key)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert, --tls-key: %v", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}, nil
+}
+
 // newLogger is where the middleware and the store report what they could
 // not do (an outcome that failed to store, say). Standard error keeps
 // standard output for the few lines a script may parse.
@@ -72,10 +102,11 @@ func newLogger(stderr io.Writer) *slog.Logger {
 // reaches the disk before the process exits. It owns db from the start and
 // always closes it.
 //
-// When adminH is not nil it is served on adminAddr too, a listener of its
-// own, and stopped after the main server has drained: a scrape during the
-// drain still sees the requests finishing.
-func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Handler, adminAddr string, adminH http.Handler, db idem.Store, stdout, stderr io.Writer) int {
+// With tlsConf the listener on addr speaks HTTPS. When adminH is not nil
+// it is served on adminAddr too, a listener of its own, and stopped after
+// the main server has drained: a scrape during the drain still sees the
+// requests finishing.
+func serveUntilSignal(name, addr string, tlsConf *tls.Config, dataDir string, drain time.Duration, h http.Handler, adminAddr string, adminH http.Handler, db idem.Store, stdout, stderr io.Writer) int {
 	defer func() {
 		if err := db.Close(); err != nil {
 			fmt.Fprintf(stderr, "idem %s: closing the store: %v\n", name, err)
@@ -85,6 +116,10 @@ func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Ha
 	if err != nil {
 		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
 		return 1
+	}
+	scheme := "http"
+	if tlsConf != nil {
+		ln, scheme = tls.NewListener(ln, tlsConf), "https"
 	}
 	var adminLn net.Listener
 	if adminH != nil {
@@ -119,7 +154,7 @@ func serveUntilSignal(name, addr, dataDir string, drain time.Duration, h http.Ha
 	}
 	// Tests and scripts read the real address from this line, which
 	// matters with port 0.
-	fmt.Fprintf(stdout, "idem %s: listening on http://%s, data in %s\n", name, ln.Addr(), dataDir)
+	fmt.Fprintf(stdout, "idem %s: listening on %s://%s, data in %s\n", name, scheme, ln.Addr(), dataDir)
 
 	select {
 	case err := <-served:
