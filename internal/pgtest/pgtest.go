@@ -57,8 +57,8 @@ func DSN(t testing.TB) string {
 	t.Helper()
 	once.Do(func() { admin, setup = start() })
 	if setup != nil {
-		if errors.Is(setup, errNotInstalled) && os.Getenv(EnvRequired) == "" {
-			t.Skipf("pgtest: no PostgreSQL: %s", Install)
+		if errors.Is(setup, errNotInstalled) {
+			cannotRun(t, "pgtest: no PostgreSQL: %s", Install)
 		}
 		t.Fatalf("pgtest: %v", setup)
 	}
@@ -195,12 +195,13 @@ func launch(dsn string) error {
 // again on the same port. Clients see their connections fail and new
 // ones refused meanwhile. A test that stops the server must not run in
 // parallel with other tests of its binary. When IDEM_TEST_PG names the
-// server, which the tests do not own, Stop skips t. If t ends with the
-// server stopped, it is started again.
+// server, which the tests do not own, Stop skips t, or fails it when
+// IDEM_PG_REQUIRED is set. If t ends with the server stopped, it is
+// started again.
 func Stop(t testing.TB) {
 	t.Helper()
-	if os.Getenv(EnvDSN) != "" {
-		t.Skipf("pgtest: cannot stop the server %s names", EnvDSN)
+	if !Restartable() {
+		cannotRun(t, "pgtest: cannot stop the server %s names", EnvDSN)
 	}
 	if server == nil {
 		t.Fatalf("pgtest: Stop before DSN started a server")
@@ -310,6 +311,17 @@ func freePort() (int, error) {
 func lastLines(b []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return strings.Join(lines[max(0, len(lines)-5):], "\n")
+}
+
+// cannotRun skips t, which cannot run here, saying why; or fails it when
+// IDEM_PG_REQUIRED is set, so that a run that requires the PostgreSQL
+// tests never passes without them.
+func cannotRun(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv(EnvRequired) != "" {
+		t.Fatalf(format+" ("+EnvRequired+" is set)", args...)
+	}
+	t.Skipf(format, args...)
 }
 
 // Restartable reports whether Stop, Start and Restart can act: only on a

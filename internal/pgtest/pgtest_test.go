@@ -64,7 +64,7 @@ func TestStopStart(t *testing.T) {
 func TestRestart(t *testing.T) {
 	dsn := DSN(t)
 	if !Restartable() {
-		t.Skipf("%s names an external server, which pgtest does not restart", EnvDSN)
+		cannotRun(t, "%s names an external server, which pgtest does not restart", EnvDSN)
 	}
 	ctx := context.Background()
 	before, err := pgx.Connect(ctx, dsn)
