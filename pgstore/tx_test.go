@@ -66,6 +66,18 @@ func (e *txEnv) begin(t *testing.T) pgx.Tx {
 	return tx
 }
 
+// claimTx begins a transaction and claims sc in it on replica a,
+// requiring the claim to win.
+func (e *txEnv) claimTx(t *testing.T, sc contract.Scope) (pgx.Tx, contract.Lease) {
+	t.Helper()
+	tx := e.begin(t)
+	l, rec, err := e.a.ClaimTx(t.Context(), tx, sc, fp)
+	require.NoError(t, err)
+	require.Nil(t, rec)
+	require.NotNil(t, l)
+	return tx, l
+}
+
 // pay inserts the business row of key in tx.
 func pay(t *testing.T, tx pgx.Tx, key string) {
 	t.Helper()
@@ -157,17 +169,14 @@ func TestInTxCommitsRowAndRecordTogether(t *testing.T) {
 func TestClaimTxInvisibleUntilCommit(t *testing.T) {
 	e := newTxEnv(t, nil)
 	sc := scope("k")
-	tx := e.begin(t)
-	l, rec, err := e.a.ClaimTx(t.Context(), tx, sc, fp)
-	require.NoError(t, err)
-	require.Nil(t, rec)
+	tx, l := e.claimTx(t, sc)
 	pay(t, tx, "k")
 	require.NoError(t, l.Complete(t.Context(), created))
 	assert.Equal(t, contract.StateCompleted, l.Record().State)
 
 	// Neither the row nor the record is visible outside tx yet.
 	assert.Equal(t, 0, e.payments(t, "k"))
-	_, err = e.b.Get(t.Context(), sc)
+	_, err := e.b.Get(t.Context(), sc)
 	require.ErrorIs(t, err, contract.ErrNotFound)
 
 	require.NoError(t, tx.Commit(t.Context()))
@@ -217,9 +226,7 @@ func TestInTxRollbackLeavesNoTrace(t *testing.T) {
 func TestClaimTxRollbackFreesKey(t *testing.T) {
 	e := newTxEnv(t, nil)
 	sc := scope("k")
-	tx := e.begin(t)
-	l, _, err := e.a.ClaimTx(t.Context(), tx, sc, fp)
-	require.NoError(t, err)
+	tx, l := e.claimTx(t, sc)
 	pay(t, tx, "k")
 	require.NoError(t, l.Complete(t.Context(), created))
 	require.NoError(t, tx.Rollback(t.Context()))
@@ -234,9 +241,7 @@ func TestClaimTxRollbackFreesKey(t *testing.T) {
 func TestClaimTxDuplicateWaitsForCommit(t *testing.T) {
 	e := newTxEnv(t, nil)
 	sc := scope("k")
-	tx := e.begin(t)
-	l, _, err := e.a.ClaimTx(t.Context(), tx, sc, fp)
-	require.NoError(t, err)
+	tx, l := e.claimTx(t, sc)
 	pay(t, tx, "k")
 
 	// Wait sees no claim while tx is open, and leaves the wait to the
@@ -266,9 +271,7 @@ func TestClaimTxDuplicateWaitsForCommit(t *testing.T) {
 func TestClaimTxDuplicateWinsAfterRollback(t *testing.T) {
 	e := newTxEnv(t, nil)
 	sc := scope("k")
-	tx := e.begin(t)
-	_, _, err := e.a.ClaimTx(t.Context(), tx, sc, fp)
-	require.NoError(t, err)
+	tx, _ := e.claimTx(t, sc)
 	pay(t, tx, "k")
 
 	// The duplicate claims in a transaction of its own.
@@ -293,9 +296,7 @@ func TestClaimTxDuplicateWinsAfterRollback(t *testing.T) {
 func TestClaimTxDuplicateBoundedWait(t *testing.T) {
 	e := newTxEnv(t, func(o *pgstore.Options) { o.ClaimWait = 50 * time.Millisecond })
 	sc := scope("k")
-	tx := e.begin(t)
-	_, _, err := e.a.ClaimTx(t.Context(), tx, sc, fp)
-	require.NoError(t, err)
+	e.claimTx(t, sc)
 
 	r := result(t, claimAsync(t, e.b, sc))
 	require.ErrorIs(t, r.err, contract.ErrInProgress)
@@ -307,7 +308,7 @@ func TestClaimTxDuplicateBoundedWait(t *testing.T) {
 	// In a transaction, the refusal leaves it usable and its own
 	// lock_timeout as it was.
 	tx2 := e.begin(t)
-	_, err = tx2.Exec(t.Context(), "SET LOCAL lock_timeout = '7s'")
+	_, err := tx2.Exec(t.Context(), "SET LOCAL lock_timeout = '7s'")
 	require.NoError(t, err)
 	_, _, err = e.b.ClaimTx(t.Context(), tx2, sc, fp)
 	require.ErrorIs(t, err, contract.ErrInProgress)
@@ -372,15 +373,13 @@ func TestClaimTxReplayKeepsTxUsable(t *testing.T) {
 func TestClaimTxReleaseKeepsOtherWrites(t *testing.T) {
 	e := newTxEnv(t, nil)
 	sc := scope("k")
-	tx := e.begin(t)
-	l, _, err := e.a.ClaimTx(t.Context(), tx, sc, fp)
-	require.NoError(t, err)
+	tx, l := e.claimTx(t, sc)
 	pay(t, tx, "audit")
 	require.NoError(t, l.Release(t.Context()))
 	require.NoError(t, tx.Commit(t.Context()))
 
 	assert.Equal(t, 1, e.payments(t, "audit"))
-	_, err = e.b.Get(t.Context(), sc)
+	_, err := e.b.Get(t.Context(), sc)
 	require.ErrorIs(t, err, contract.ErrNotFound)
 }
 
@@ -402,9 +401,7 @@ func TestClaimTxNotifiesAtCommit(t *testing.T) {
 	woke := waitOn(t, e.b, scope("k"))
 	clock.Advance(2 * time.Hour)
 
-	tx := e.begin(t)
-	l, _, err := e.a.ClaimTx(t.Context(), tx, scope("k"), fp)
-	require.NoError(t, err)
+	tx, l := e.claimTx(t, scope("k"))
 	require.NoError(t, l.Complete(t.Context(), created))
 	_, err = e.look.Exec(t.Context(), "SELECT pg_notify('idem_keys', 'before-commit')")
 	require.NoError(t, err)
@@ -434,11 +431,9 @@ func TestClaimWaitLeavesSessionAlone(t *testing.T) {
 			var serverDefault string
 			require.NoError(t, e.look.QueryRow(t.Context(), "SHOW lock_timeout").Scan(&serverDefault))
 			s := open(t, e.dsn+"&pool_max_conns=1&default_query_exec_mode="+mode, &pgstore.Options{ClaimWait: 50 * time.Millisecond})
-			tx := e.begin(t)
-			_, _, err := e.a.ClaimTx(t.Context(), tx, scope("held"), fp)
-			require.NoError(t, err)
+			e.claimTx(t, scope("held"))
 
-			_, _, err = s.Claim(t.Context(), scope("held"), fp)
+			_, _, err := s.Claim(t.Context(), scope("held"), fp)
 			require.ErrorIs(t, err, contract.ErrInProgress)
 			_, _, err = s.InTx(t.Context(), scope("k"), fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
 				var lockTimeout string
