@@ -14,16 +14,18 @@ import (
 
 // TestConformance runs the public conformance suite on the embedded
 // store, in memory and on the real filesystem, whose syncs and locks the
-// in-memory one only imitates.
+// in-memory one only imitates, and on the disk under the smallest memory
+// budget, whose memtables, logs and key filter are the smallest.
 func TestConformance(t *testing.T) {
-	for name, fs := range map[string]func(t *testing.T) (vfs.FS, string){
-		"mem":  func(t *testing.T) (vfs.FS, string) { return vfs.NewMem(), "db" },
-		"disk": func(t *testing.T) (vfs.FS, string) { return vfs.Default, t.TempDir() },
+	for name, fs := range map[string]func(t *testing.T) (vfs.FS, string, int64){
+		"mem":        func(t *testing.T) (vfs.FS, string, int64) { return vfs.NewMem(), "db", 0 },
+		"disk":       func(t *testing.T) (vfs.FS, string, int64) { return vfs.Default, t.TempDir(), 0 },
+		"disk-small": func(t *testing.T) (vfs.FS, string, int64) { return vfs.Default, t.TempDir(), 4 << 20 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			idemtest.TestStore(t, func(t *testing.T, now func() time.Time) contract.Store {
-				fs, dir := fs(t)
-				db, err := idem.Open(dir, &idem.Options{FS: fs, Now: now, SweepInterval: -1, Logger: discard()})
+				fs, dir, memory := fs(t)
+				db, err := idem.Open(dir, &idem.Options{FS: fs, Now: now, SweepInterval: -1, Logger: discard(), MemoryBytes: memory})
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = db.Close() })
 				return db

@@ -62,19 +62,39 @@ type DB struct {
 	closeErr  error
 }
 
-// memTableBytes is the size of Pebble's memtable. Pebble counts its
-// memtables against the block cache: the one being filled, and the one
-// being flushed or kept for reuse. So the cache gets memTableShare on top
-// of Options.CacheBytes: a cache of CacheBytes alone, when that is no
-// larger than the memtables, has no room for a single block, and every
-// read of a table goes to the file system and decompresses its block.
-// The cache still shrinks for a while when an iterator open across a
-// flush (a key-filter build, a sweep) holds a third memtable, or when a
-// batch of over 32 MiB (bodies that large) is held whole.
-const (
-	memTableBytes = 64 << 20
-	memTableShare = 2 * memTableBytes
-)
+// sizing is how Open divides memory among Pebble's parts.
+type sizing struct {
+	memTable int64 // one memtable
+	// cache is Pebble's CacheSize. Pebble counts its memtables against
+	// the cache: the one being filled, and the one being flushed or kept
+	// for reuse; so it holds two memtables on top of the block cache. A
+	// cache without them, when no larger than the memtables, has no room
+	// for a single block, and every read of a table goes to the file
+	// system. The cache still shrinks for a while when an iterator open
+	// across a flush (a key-filter build, a sweep) holds a third
+	// memtable, or when a batch of over half a memtable is held whole.
+	cache int64
+	// filter bounds one key filter's bytes, 0 for no bound.
+	filter int64
+}
+
+// minMemoryBytes is the smallest Options.MemoryBytes.
+const minMemoryBytes = 4 << 20
+
+// sizing divides Options.MemoryBytes: a quarter to two memtables (of at
+// most 64 MiB each, beyond which a flush only takes longer), an eighth to
+// the key filter (two copies while it is rebuilt) and the rest, less an
+// eighth for the store's other buffers, to the block cache. Without a
+// budget, the memtables and the filter come on top of CacheBytes.
+func (o *Options) sizing() sizing {
+	if o.MemoryBytes == 0 {
+		const memTable = 64 << 20
+		return sizing{memTable: memTable, cache: o.CacheBytes + 2*memTable}
+	}
+	m := o.MemoryBytes
+	memTable := min(m/8, 64<<20)
+	return sizing{memTable: memTable, cache: m * 3 / 4, filter: m / 16}
+}
 
 // tableCompression is the cheapest compression that still shrinks chunked
 // bodies. Pebble's fastest profile is MinLZ except on arm64. MinLZ has
@@ -108,15 +128,16 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v (close the other handle or stop the process that holds it, or use another directory)", ErrLocked, dir, err)
 	}
-	wal := walfs.New(o.FS)
+	size := o.sizing()
+	wal := walfs.New(o.FS, size.memTable)
 	yield := new(atomic.Bool)
 	popts := &pebble.Options{
 		Comparer:           commit.Comparer(yield),
 		FS:                 wal,
 		Lock:               lock,
 		Logger:             walfs.Logger{L: o.Logger},
-		CacheSize:          o.CacheBytes + memTableShare,
-		MemTableSize:       memTableBytes,
+		CacheSize:          size.cache,
+		MemTableSize:       uint64(size.memTable),
 		FormatMajorVersion: pebble.FormatNewest,
 	}
 	// Most claims look up keys that do not exist yet; without filters each
@@ -165,8 +186,8 @@ func Open(dir string, opts *Options) (*DB, error) {
 	}
 	wal.SetLive(true)
 	db := &DB{opts: o, pdb: pdb, wal: wal, lock: lock, stop: make(chan struct{})}
-	db.commits = commit.New(pdb, yield, memTableBytes/4, db.clock.stamp)
-	db.rows = rows.New(pdb, db.commits, db.stop)
+	db.commits = commit.New(pdb, yield, int(size.memTable/4), db.clock.stamp)
+	db.rows = rows.New(pdb, db.commits, db.stop, size.filter)
 	err = db.checkSchema()
 	if err == nil {
 		err = db.clock.load(pdb)

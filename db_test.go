@@ -451,6 +451,8 @@ func TestOptionsValidation(t *testing.T) {
 		{"inline too large", idem.Options{InlineBodyBytes: 32 << 20}, []string{"InlineBodyBytes"}},
 		{"max body too large", idem.Options{MaxBodyBytes: 2 << 30}, []string{"MaxBodyBytes"}},
 		{"cache too large", idem.Options{CacheBytes: math.MaxInt64}, []string{"CacheBytes"}},
+		{"memory too small", idem.Options{MemoryBytes: 1 << 20}, []string{"MemoryBytes 1048576 must be between 4 MiB and 1 TiB"}},
+		{"memory and cache", idem.Options{MemoryBytes: 16 << 20, CacheBytes: 1 << 20}, []string{"cannot both be set"}},
 		{"negative clock tolerance", idem.Options{ClockTolerance: -time.Second}, []string{"ClockTolerance -1s must be at least a second"}},
 		{"clock tolerance under a second", idem.Options{ClockTolerance: time.Millisecond}, []string{"ClockTolerance 1ms"}},
 		{"everything reported at once", idem.Options{TTL: -1, Lease: -1, CompactBytes: -1, CacheBytes: -1},
@@ -553,6 +555,7 @@ func TestMetricsCountTransitions(t *testing.T) {
 	assert.Equal(t, 11*time.Second, m.OldestInProgress)
 	assert.Equal(t, int64(1), m.UnknownRecords)
 	assert.Positive(t, figure(t, m, idem.FigureDiskBytes))
+	assert.Positive(t, figure(t, m, idem.FigureBytesWritten))
 	assert.GreaterOrEqual(t, figure(t, m, idem.FigureCommits), figure(t, m, idem.FigureSyncs))
 	assert.Positive(t, figure(t, m, idem.FigureSyncs))
 }

@@ -59,6 +59,8 @@ func (db *DB) Metrics(ctx context.Context) (Metrics, error) {
 			Value: float64(pm.Compact.Count)},
 		{Name: FigurePebbleFlushes, Help: "Memtable flushes Pebble ran.", Counter: true,
 			Value: float64(pm.Flush.Count)},
+		{Name: FigureBytesWritten, Help: "Bytes written to the store's files: logs and the zeros kept ahead of them, tables, blob files, manifests.", Counter: true,
+			Value: float64(db.wal.Written())},
 		{Name: FigureDiskBytes, Help: "Space the store occupies on disk.",
 			Value: float64(pm.DiskSpaceUsage())},
 		{Name: FigureReadAmp, Help: "Sstables a read may have to visit.",
@@ -74,6 +76,7 @@ const (
 	FigureSweepCompactions  = "idem_sweeper_compactions_total"
 	FigurePebbleCompactions = "idem_pebble_compactions_total"
 	FigurePebbleFlushes     = "idem_pebble_flushes_total"
+	FigureBytesWritten      = "idem_written_bytes_total"
 	FigureDiskBytes         = "idem_disk_usage_bytes"
 	FigureReadAmp           = "idem_read_amplification"
 )

@@ -60,9 +60,21 @@ type Options struct {
 	CompactBytes int64
 
 	// CacheBytes is the size of Pebble's block cache: memory for reading
-	// records back. Pebble's memtables, up to two of 64 MiB, come on top
-	// of it. At most 1 TiB. Default: 64 MiB.
+	// records back. Pebble's memtables, up to two of 64 MiB, and the key
+	// filter, two bytes per record, come on top of it. At most 1 TiB.
+	// Default: 64 MiB, unless MemoryBytes is set.
 	CacheBytes int64
+
+	// MemoryBytes bounds the memory the store holds for itself, for
+	// devices with little of it: the block cache, the memtables and the
+	// key filter (both copies while it is rebuilt) share it, and the
+	// write-ahead logs shrink with the memtables, so the disk the store
+	// keeps when empty shrinks too. The process needs more than this for
+	// the Go runtime, its code and the requests in flight. Smaller budgets
+	// flush and compact more often and cost throughput; see the README for
+	// what to pick. It cannot be set with CacheBytes. At least 4 MiB.
+	// Default: none, which sizes for a server (CacheBytes).
+	MemoryBytes int64
 
 	// Now is the clock. Tests pass a fake one. Default: time.Now.
 	Now func() time.Time
@@ -134,7 +146,7 @@ func (o *Options) withDefaults() (Options, error) {
 	if c.CompactBytes == 0 {
 		c.CompactBytes = 64 << 20
 	}
-	if c.CacheBytes == 0 {
+	if c.CacheBytes == 0 && c.MemoryBytes == 0 {
 		c.CacheBytes = 64 << 20
 	}
 	if c.Now == nil {
@@ -171,6 +183,12 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if c.CacheBytes < 0 || c.CacheBytes > 1<<40 {
 		bad("CacheBytes %d must be between 0 and 1 TiB", c.CacheBytes)
+	}
+	switch {
+	case c.MemoryBytes != 0 && c.CacheBytes != 0:
+		bad("MemoryBytes and CacheBytes cannot both be set: MemoryBytes includes the cache")
+	case c.MemoryBytes != 0 && (c.MemoryBytes < minMemoryBytes || c.MemoryBytes > 1<<40):
+		bad("MemoryBytes %d must be between 4 MiB and 1 TiB", c.MemoryBytes)
 	}
 	return c, errors.Join(errs...)
 }

@@ -84,6 +84,7 @@ func (db *DB) expireLocked(b *pebble.Batch, rk []byte, now int64) (int64, func()
 	done := func() {
 		rec.Scope.Tenant, rec.Scope.Endpoint, rec.Scope.Key, _ = keys.ParseRecord(rk)
 		db.note(EventSwept, rec.Scope, &rec.Record, time.Time{})
+		db.rows.Swept()
 	}
 	return rec.StoredLen + rec.BodyLen*int64(min(rec.Chunks, 1)), done, nil
 }

@@ -19,7 +19,8 @@
 // idem_replay_ratio, the share of claims answered from the store. Beside
 // them it reports the backend's own figures under their own names: for the
 // embedded store, group commit (idem_commits_total, idem_wal_syncs_total),
-// the sweeper's and Pebble's compactions, flushes, disk use
+// the sweeper's and Pebble's compactions, flushes, bytes written to the
+// store's files (idem_written_bytes_total), disk use
 // (idem_disk_usage_bytes) and read amplification. The counters start from
 // zero when the store is opened. When the store cannot be read the scrape
 // reports an error for these metrics instead of stale values.

@@ -33,7 +33,11 @@ import (
 //     next build.
 //
 // A filter is sized for twice the keys its predecessor holds; once as many
-// keys were added to it as it was sized for, the next build starts.
+// keys were added to it as it was sized for, the next build starts. Under
+// a memory bound, a store with more records than the largest filter
+// allowed holds does without one: every read goes to Pebble, whose own
+// table filters still spare most reads of absent keys a data block. A
+// sweep that removes records tries again.
 type keyFilter struct {
 	// words holds the bits, a power of two of them. One word per key, so
 	// a probe costs one cache miss: a key's word is chosen by the top bits
@@ -60,6 +64,20 @@ const (
 	// filterRetry is how long a failed build waits before the next.
 	filterRetry = time.Minute
 )
+
+// filterKeysWithin returns the capacity of the largest filter that fits in
+// bytes, or 0, no bound, when bytes is 0. A bound too small for even the
+// first filter allows none.
+func filterKeysWithin(bytes int64) int64 {
+	if bytes <= 0 {
+		return 0
+	}
+	words := bytes / 8
+	if words < minFilterKeys/4 {
+		return -1
+	}
+	return int64(1) << (bits.Len64(uint64(words)) - 1) * 4
+}
 
 func newKeyFilter(capacity int64) *keyFilter {
 	// 16 bits per key is four keys per word.
@@ -141,8 +159,16 @@ func (t *Table) FilterLoop(warn func(error)) {
 func (t *Table) BuildFilter(afterSnapshot func()) error {
 	t.building.Lock()
 	defer t.building.Unlock()
+	if t.maxFilter < 0 {
+		return nil
+	}
 	old := t.filters.Load().cur
-	nf := newKeyFilter(filterCapacity(old, t.minFilter))
+	capacity := filterCapacity(old, t.minFilter)
+	capped := t.maxFilter > 0 && capacity >= t.maxFilter
+	if capped {
+		capacity = t.maxFilter
+	}
+	nf := newKeyFilter(capacity)
 	t.filters.Store(&filterPair{cur: old, next: nf})
 	// A writer that took its stripe before the line above may have added
 	// its key to old only; once those writes have ended they have
@@ -154,11 +180,25 @@ func (t *Table) BuildFilter(afterSnapshot func()) error {
 		return err
 	}
 	nf.added.Add(n)
+	if capped && nf.bornFull() {
+		t.filters.Store(&filterPair{})
+		t.dropped.Store(true)
+		return nil
+	}
 	t.filters.Store(&filterPair{cur: nf})
+	t.dropped.Store(false)
 	if nf.bornFull() {
 		t.signalRefilter()
 	}
 	return nil
+}
+
+// Swept tells the table that a sweep removed records, which may bring a
+// store that outgrew the filter's bound back under it.
+func (t *Table) Swept() {
+	if t.dropped.Load() {
+		t.signalRefilter()
+	}
 }
 
 // bornFull reports whether a filter that was just built needs replacing at

@@ -59,7 +59,7 @@ func openTable(t *testing.T, fs vfs.FS) *Table {
 	require.NoError(t, err)
 	c := commit.New(pdb, yield, 16<<20, nil)
 	stop := make(chan struct{})
-	tb := New(pdb, c, stop)
+	tb := New(pdb, c, stop, 0)
 	var loop sync.WaitGroup
 	loop.Go(func() { tb.FilterLoop(func(err error) { t.Errorf("filter build: %v", err) }) })
 	t.Cleanup(func() {
@@ -252,4 +252,41 @@ func TestFilterCapacity(t *testing.T) {
 	small := newKeyFilter(16)
 	small.added.Store(3)
 	assert.Equal(t, int64(16), filterCapacity(small, 16), "never below the minimum")
+}
+
+func TestFilterKeysWithinABound(t *testing.T) {
+	assert.Equal(t, int64(0), filterKeysWithin(0), "no bound")
+	assert.Equal(t, int64(-1), filterKeysWithin(minFilterKeys*2-1), "too small for the first filter")
+	for _, bytes := range []int64{minFilterKeys * 2, 1 << 20, 3<<20 + 5} {
+		keys := filterKeysWithin(bytes)
+		f := newKeyFilter(keys)
+		assert.Equal(t, keys, f.capacity, "a filter sized for the bound is not rounded up")
+		assert.LessOrEqual(t, int64(len(f.words))*8, bytes)
+		assert.Greater(t, int64(len(f.words))*16, bytes, "the largest filter that fits")
+	}
+}
+
+func TestFilterDroppedWhenTheStoreOutgrowsItsBound(t *testing.T) {
+	tb := openTable(t, vfs.NewMem())
+	tb.building.Lock()
+	tb.minFilter, tb.maxFilter = 16, 64
+	tb.building.Unlock()
+	storeRecords(t, tb, 0, 100)
+	require.NoError(t, tb.BuildFilter(nil))
+	assert.Nil(t, tb.filters.Load().cur, "100 keys do not fit a filter of 64")
+	assert.True(t, tb.dropped.Load())
+	// Without a filter every read goes to Pebble: stored keys are found,
+	// and absent ones may exist.
+	requireStored(t, tb, 0, 100)
+	assert.True(t, tb.mayExist(tb.hash(testKey(1000))))
+
+	// Once sweeps bring the store under the bound (here the bound grows
+	// instead), a sweep's report brings the filter back.
+	tb.building.Lock()
+	tb.maxFilter = 1024
+	tb.building.Unlock()
+	tb.Swept()
+	require.Eventually(t, func() bool { return tb.filters.Load().cur != nil }, 10*time.Second, time.Millisecond)
+	assert.False(t, tb.dropped.Load())
+	requireStored(t, tb, 0, 100)
 }

@@ -39,12 +39,18 @@ type Table struct {
 	// minFilter is the smallest filter built; tests change it, holding
 	// building.
 	minFilter int64
+	// maxFilter is the most keys a filter may be sized for, 0 for no
+	// bound; dropped says the store outgrew it (see BuildFilter).
+	maxFilter int64
+	dropped   atomic.Bool
 }
 
 // New returns the rows of pdb, written through commits. Closing stop ends
-// FilterLoop and any filter build.
-func New(pdb *pebble.DB, commits *commit.Committer, stop <-chan struct{}) *Table {
-	t := &Table{pdb: pdb, commits: commits, seed: maphash.MakeSeed(), refilter: make(chan struct{}, 1), stop: stop, minFilter: minFilterKeys}
+// FilterLoop and any filter build. maxFilterBytes bounds the memory of
+// one key filter, 0 for no bound; a build holds two.
+func New(pdb *pebble.DB, commits *commit.Committer, stop <-chan struct{}, maxFilterBytes int64) *Table {
+	t := &Table{pdb: pdb, commits: commits, seed: maphash.MakeSeed(), refilter: make(chan struct{}, 1), stop: stop,
+		minFilter: minFilterKeys, maxFilter: filterKeysWithin(maxFilterBytes)}
 	t.filters.Store(&filterPair{})
 	return t
 }

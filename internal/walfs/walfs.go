@@ -47,23 +47,49 @@ type FS struct {
 	chunk int64            // zeros written by one fill
 	fatal func(msg string) // ends the process on a failed log or blob file operation; returns only in tests
 	live  atomic.Bool      // set by SetLive once Pebble is open, cleared when it closes
+	// written counts the bytes written to every file Pebble creates:
+	// logs and their zeros, tables, blob files, manifests. Flash wears
+	// with what is written, and Pebble's own metrics leave out the zeros.
+	written atomic.Int64
+}
+
+// Written returns the bytes written so far through fs.
+func (fs *FS) Written() int64 { return fs.written.Load() }
+
+// countFile counts what is written through it into fs.written.
+type countFile struct {
+	vfs.File
+	fs *FS
+}
+
+func (c *countFile) Write(p []byte) (int, error) {
+	n, err := c.File.Write(p)
+	c.fs.written.Add(int64(n))
+	return n, err
+}
+
+func (c *countFile) WriteAt(p []byte, off int64) (int, error) {
+	n, err := c.File.WriteAt(p, off)
+	c.fs.written.Add(int64(n))
+	return n, err
 }
 
 // walCategory is the write category Pebble gives its log files.
 const walCategory vfs.DiskWriteCategory = "pebble-wal"
 
-// FS keeps ZeroAhead bytes of zeros ahead of a log's end, written
-// ZeroChunk at a time: a fill of a chunk takes a few tens of milliseconds,
-// and what is kept ahead lasts several times that at the rates the log is
-// written, so the log rarely catches up with a fill.
-const (
-	ZeroAhead = 8 << 20
-	ZeroChunk = 4 << 20
-)
+// FS keeps up to ZeroAhead bytes of zeros ahead of a log's end, written
+// half of that at a time: a fill of a chunk takes a few tens of
+// milliseconds, and what is kept ahead lasts several times that at the
+// rates the log is written, so the log rarely catches up with a fill.
+const ZeroAhead = 8 << 20
 
-// New wraps fs.
-func New(fs vfs.FS) *FS {
-	return &FS{FS: fs, ahead: ZeroAhead, chunk: ZeroChunk, fatal: Exit}
+// New wraps fs for logs that grow to about logBytes, the memtable size.
+// What is kept ahead is at most half that: every log file stays on disk
+// for reuse, zeros and all, so a store with small memtables keeps a small
+// floor of disk.
+func New(fs vfs.FS, logBytes int64) *FS {
+	ahead := min(ZeroAhead, logBytes/2) &^ (pageBytes - 1)
+	return &FS{FS: fs, ahead: ahead, chunk: ahead / 2, fatal: Exit}
 }
 
 // SetLive says whether the store is live: from the end of Pebble's Open to
@@ -111,6 +137,14 @@ func (fs *FS) ReuseForWrite(oldname, newname string, category vfs.DiskWriteCateg
 	return fs.wrap(f, newname, category, err)
 }
 
+func (fs *FS) OpenReadWrite(name string, category vfs.DiskWriteCategory, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := fs.FS.OpenReadWrite(name, category, opts...)
+	if err != nil {
+		return f, err
+	}
+	return &countFile{File: f, fs: fs}, nil
+}
+
 // OpenDir wraps the store's directories, whose syncs make a new log's name
 // durable.
 func (fs *FS) OpenDir(name string) (vfs.File, error) {
@@ -138,6 +172,9 @@ func (fs *FS) check(op, name string, err error) error {
 }
 
 func (fs *FS) wrap(f vfs.File, name string, category vfs.DiskWriteCategory, err error) (vfs.File, error) {
+	if err == nil {
+		f = &countFile{File: f, fs: fs}
+	}
 	if err == nil && strings.HasSuffix(name, ".blob") {
 		return &blobFile{File: f, fs: fs, name: name}, nil
 	}
