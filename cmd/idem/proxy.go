@@ -134,9 +134,9 @@ the store and of the proxy's answers, idem_*) and GET /healthz (200 ok
 while the store can be read, else 503). It listens on the loopback
 interface unless told otherwise. Given an admin token (--admin-token-file,
 or IDEM_ADMIN_TOKEN), it also serves the operator routes under
-/v1/admin/, so that idem inspect, get, stats and resolve --admin URL
-settle stuck keys while the proxy runs; without one they are not
-served. Every change of a record's state is logged to standard error as
+/v1/admin/, so that idem inspect, get, stats, resolve, check and compact
+--admin URL settle stuck keys and look after the store while the proxy
+runs; without one they are not served. Every change of a record's state is logged to standard error as
 one line, with a hash of the key, never the key itself.
 
 `)

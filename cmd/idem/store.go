@@ -246,6 +246,17 @@ func (s *storeFlags) openTools(name string, events bool, stderr io.Writer) (tool
 		}
 		return localTools{db}, 0
 	}
+	c, code := s.openAdmin(name, stderr)
+	if c == nil {
+		return nil, code
+	}
+	return c, 0
+}
+
+// openAdmin is the client of the admin listener --admin names, for the
+// tool called name, with the admin token. It returns the exit status on
+// failure: 2, since the token is missing or unreadable.
+func (s *storeFlags) openAdmin(name string, stderr io.Writer) (*adminClient, int) {
 	token, err := s.token()
 	if err == nil && token == "" {
 		err = fmt.Errorf("--admin needs the admin token: --admin-token-file FILE or %s", adminTokenEnv)
