@@ -136,8 +136,9 @@ interface unless told otherwise. Given an admin token (--admin-token-file,
 or IDEM_ADMIN_TOKEN), it also serves the operator routes under
 /v1/admin/, so that idem inspect, get, stats, resolve, check and compact
 --admin URL settle stuck keys and look after the store while the proxy
-runs; without one they are not served. Every change of a record's state is logged to standard error as
-one line, with a hash of the key, never the key itself.
+runs; without one they are not served. Every change of a record's state
+is logged to standard error as one line, with a hash of the key, never
+the key itself.
 
 `)
 		fs.PrintDefaults()
