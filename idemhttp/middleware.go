@@ -128,6 +128,16 @@ type Options struct {
 	// gets what the first attempt got.
 	Outcomes OutcomePolicy
 
+	// ReconcileEvery says that the store runs a reconciler (such as
+	// idem.Options.Reconcile) that finds out what became of claims whose
+	// lease ran out, and how often it looks for them. A retry that finds
+	// such a claim then gets 409 request_in_progress, with ReconcileEvery
+	// as its Retry-After, since its outcome is being looked up; without a
+	// reconciler it gets 409 outcome_pending, which says that an operator
+	// must resolve it. Records marked unknown or failed are never
+	// reconciled and always get outcome_pending. Default: 0, no reconciler.
+	ReconcileEvery time.Duration
+
 	// Logger receives failures to store outcomes. Default: slog.Default().
 	Logger *slog.Logger
 
@@ -281,6 +291,9 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.Wait < 0 {
 		bad("Options.Wait %s must not be negative", o.Wait)
 	}
+	if o.ReconcileEvery < 0 {
+		bad("Options.ReconcileEvery %s must not be negative", o.ReconcileEvery)
+	}
 	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
 		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
 	}
@@ -340,8 +353,7 @@ func Release(r *http.Request) {
 // MarkUnknown is the handler's Lease.MarkUnknown: it tells the middleware
 // that the operation may or may not have taken effect (a downstream call
 // timed out after the request left), so the record becomes unknown and
-// retries get 409 outcome_pending until a reconciler or an operator
-// resolves it. It wins over Release and Keep. Calls outside the
+// retries get 409 outcome_pending until an operator resolves it. It wins over Release and Keep. Calls outside the
 // middleware do nothing.
 func MarkUnknown(r *http.Request) {
 	if o, ok := r.Context().Value(ctxKey{}).(*outcome); ok {
@@ -515,14 +527,25 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 	case errors.Is(err, contract.ErrInProgress) && errors.As(err, &ke):
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
 			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
+	case errors.Is(err, contract.ErrOutcomePending) && errors.As(err, &ke) && ke.State == contract.StateInProgress && m.opts.ReconcileEvery > 0:
+		// Its lease ran out, and the reconciler picks it up on its next
+		// pass: the retry is worth making.
+		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
+			Detail: "an earlier attempt with this idempotency key stopped before its outcome was recorded, and the service is finding out " +
+				"what became of it; retry with the same key later: the retry gets that outcome once it is known"}, m.opts.ReconcileEvery)
 	case errors.Is(err, contract.ErrOutcomePending):
 		what := "may or may not have taken effect"
-		if errors.As(err, &ke) && ke.State == contract.StateFailed {
-			what = "failed, and the key stays spent"
+		if errors.As(err, &ke) {
+			switch ke.State {
+			case contract.StateFailed:
+				what = "failed, and the key stays spent"
+			case contract.StateInProgress:
+				what = "stopped before its outcome was recorded, so it may or may not have taken effect"
+			}
 		}
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
 			Detail: "an earlier attempt with this idempotency key " + what + "; every retry with this key gets this answer " +
-				"until the service's operator resolves it (idem resolve, or a reconciler if the service runs one). " +
+				"until the service's operator resolves it (idem resolve). " +
 				"Do not send the operation under a new key: it would run again"}, 0)
 	case errors.Is(err, contract.ErrInvalidScope):
 		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeKeyInvalid, Detail: err.Error()}, 0)

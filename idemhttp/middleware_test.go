@@ -408,6 +408,74 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 	assert.Equal(t, int64(3), e.app.runs.Load(), "an unknown outcome is never re-run")
 }
 
+// forgetfulStore loses every outcome its leases record, as a process that
+// dies between running a request and storing its answer would: the record
+// stays in progress until its lease runs out.
+type forgetfulStore struct{ contract.Store }
+
+func (s forgetfulStore) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+	l, rec, err := s.Store.Claim(ctx, sc, fp)
+	if l != nil {
+		l = forgottenLease{l}
+	}
+	return l, rec, err
+}
+
+type forgottenLease struct{ contract.Lease }
+
+func (forgottenLease) Complete(context.Context, contract.Response) error { return nil }
+func (forgottenLease) Release(context.Context) error                     { return nil }
+func (forgottenLease) MarkUnknown(context.Context) error                 { return nil }
+func (forgottenLease) MarkFailed(context.Context) error                  { return nil }
+
+// TestOverdueClaimAnswer: a retry that finds a claim past its lease is told
+// to come back when a reconciler looks such claims up, and that an operator
+// must resolve it when none does; unknown records always need the operator.
+func TestOverdueClaimAnswer(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		every         time.Duration
+		code, contain string
+		retryAfter    string
+	}{
+		{"no reconciler", 0, contract.CodeOutcomePending, "stopped before its outcome was recorded, so it may or may not have taken effect; " +
+			"every retry with this key gets this answer until the service's operator resolves it (idem resolve)", ""},
+		{"reconciler", time.Minute, contract.CodeInProgress, "the service is finding out what became of it; retry with the same key later", "60"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db, clock := idemtest.Open(t, &idem.Options{Logger: discardLogger()})
+			crashed := setup(t, idemhttp.Options{Store: forgetfulStore{db}})
+			resp, _ := crashed.call("POST", "/v1/payments", "acme", pay, "k")
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+			e := setup(t, idemhttp.Options{Store: db, ReconcileEvery: c.every})
+			clock.Advance(time.Hour) // past the lease, within the TTL
+			resp, body := e.call("POST", "/v1/payments", "acme", pay, "k")
+			assert.Equal(t, http.StatusConflict, resp.StatusCode)
+			p := problem(t, resp, body)
+			assert.Equal(t, c.code, p.Code)
+			assert.Contains(t, p.Detail, c.contain)
+			assert.NotContains(t, p.Detail, "reconcil", "the detail names no mechanism the client cannot see")
+			assert.Equal(t, c.retryAfter, resp.Header.Get("Retry-After"))
+			assert.Zero(t, e.app.runs.Load(), "an overdue claim is never re-run blindly")
+
+			// The same service with an unknown record: only an operator
+			// settles it, reconciler or not.
+			e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+				idemhttp.MarkUnknown(r)
+				w.WriteHeader(http.StatusGatewayTimeout)
+			}
+			e.call("POST", "/v1/payments", "acme", pay, "u")
+			resp, body = e.call("POST", "/v1/payments", "acme", pay, "u")
+			assert.Equal(t, http.StatusConflict, resp.StatusCode)
+			p = problem(t, resp, body)
+			assert.Equal(t, contract.CodeOutcomePending, p.Code)
+			assert.Contains(t, p.Detail, "until the service's operator resolves it (idem resolve)")
+			assert.Empty(t, resp.Header.Get("Retry-After"))
+		})
+	}
+}
+
 // TestOutcomePolicy: the statuses Options.Outcomes lists free the key or
 // leave it unknown, every other one is stored, and the handler's own word
 // wins over the policy.

@@ -21,9 +21,10 @@ import (
 	"github.com/idemkv/idem/idemhttp"
 )
 
-// The operator routes: what inspect, get, stats and resolve do, served on
-// the admin listener of a running serve or proxy, so that stuck keys can
-// be settled without stopping it. Every route needs the admin token as a
+// The operator routes: what inspect, get, stats and resolve do (and check
+// and compact, in adminmaint.go), served on the admin listener of a
+// running serve or proxy, so that stuck keys can be settled without
+// stopping it. Every route needs the admin token as a
 // bearer token; without a configured token none is served.
 //
 //	GET  /v1/admin/records   records as JSON lines, without their responses;
@@ -33,6 +34,7 @@ import (
 //	GET  /v1/admin/overdue   in-progress records past their lease; query: limit
 //	GET  /v1/admin/metrics   the store's metrics as JSON
 //	POST /v1/admin/resolve   settle a stuck record; body: resolveRequest
+//	POST /v1/admin/compact   and GET /v1/admin/check: see adminmaint.go
 //
 // Keys travel in request bodies, never in URLs, which access logs keep.
 
@@ -110,6 +112,8 @@ func (a *admin) registerOps(mux *http.ServeMux, token string) {
 	mux.Handle("GET /v1/admin/overdue", auth(a.overdue))
 	mux.Handle("GET /v1/admin/metrics", auth(a.metrics))
 	mux.Handle("POST /v1/admin/resolve", auth(a.resolve))
+	mux.Handle("POST /v1/admin/compact", auth(a.compact))
+	mux.Handle("GET /v1/admin/check", auth(a.check))
 }
 
 // Codes of the operator routes' problem documents, beside the contract's

@@ -20,8 +20,9 @@ func runCompact(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	flags := flag.NewFlagSet("compact", flag.ContinueOnError)
 	flags.SetOutput(stderr)
 	store := addStoreFlags(flags, "directory of the idempotency store")
+	store.addAdmin()
 	flags.Usage = func() {
-		fmt.Fprint(flags.Output(), `usage: idem compact [--data DIR | --store DSN]
+		fmt.Fprint(flags.Output(), `usage: idem compact [--data DIR | --store DSN | --admin URL]
 
 Deletes every record past its TTL now, with its body chunks and index
 entries, then compacts the whole store so that the space they held goes
@@ -37,21 +38,30 @@ reports how many; autovacuum gives their space back to the table, so
 there are no disk sizes to compare. Serve and proxy on PostgreSQL sweep
 once a minute anyway.
 
+With --admin, the running server compacts its own store, and its
+progress comes back as it goes; interrupting the tool stops the
+compaction there. The disk sizes are left out: the server deletes the
+files a compaction made obsolete in its own time, so idem stats --admin
+shows the space reclaimed a little later.
+
 Progress goes to standard error: a bar on a terminal, plain lines
 otherwise. Interrupting it is safe: what was swept stays swept.
 
-`+toolStoreRule+"\n")
+`+toolStoreRule+"\n"+adminToolRule+"\n")
 		flags.PrintDefaults()
 	}
 	if code, done := store.parseTool(flags, args, stderr); done {
 		return code
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if store.admin != "" {
+		return compactThroughAdmin(ctx, store, stdout, stderr)
+	}
 	db, code := store.openTool("compact", false, stderr)
 	if db == nil {
 		return code
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if store.postgres() {
 		p := newProgress(stderr)
 		res, err := db.Compact(ctx, p.update)
@@ -88,6 +98,24 @@ otherwise. Interrupting it is safe: what was swept stays swept.
 	}
 	fmt.Fprintf(stdout, "swept %d expired records (%s); disk %s -> %s\n",
 		res.Records, bytesIEC(uint64(res.Bytes)), bytesIEC(uint64(before)), bytesIEC(uint64(after)))
+	return 0
+}
+
+// compactThroughAdmin has the server behind --admin compact its store.
+func compactThroughAdmin(ctx context.Context, store *storeFlags, stdout, stderr io.Writer) int {
+	c, code := store.openAdmin("compact", stderr)
+	if c == nil {
+		return code
+	}
+	defer c.Close()
+	p := newProgress(stderr)
+	res, err := c.Compact(ctx, p.update)
+	p.finish()
+	if err != nil {
+		fmt.Fprintf(stderr, "idem compact: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "swept %d expired records (%s) through the admin listener at %s\n", res.Records, bytesIEC(uint64(res.Bytes)), c.base)
 	return 0
 }
 

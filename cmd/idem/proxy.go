@@ -48,6 +48,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz, and with an admin token the operator routes under /v1/admin/; port 0 picks a free one, empty turns it off")
 	adminToken := adminTokenFlag(fs)
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
+	reconcile := addReconcileFlags(fs)
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR | --store DSN] [--listen ADDR]
@@ -57,6 +58,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--release-status LIST] [--unknown-status LIST]
                   [--routes FILE] [--strict-canonical] [--drain D]
                   [--admin ADDR] [--admin-token-file FILE]
+                  [--reconcile-url URL] [--reconcile-attempts N]
                   [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
@@ -104,6 +106,24 @@ after the request was sent, the outcome is recorded unknown (retries get
 409 outcome_pending until it is resolved) and the proxy answers 502 or
 504.
 
+A claim whose lease ran out before its answer was stored (the proxy was
+killed, or the store failed) is never run again blindly: its retries get
+409 outcome_pending until an operator resolves it. With --reconcile-url,
+the proxy instead asks the upstream once a minute what became of each
+such operation: GET on the URL, with {key}, {tenant} (as --tenant-from
+makes it) and {endpoint} (METHOD /path, or the route's pattern) filled
+in, and the key in Idempotency-Key. A 2xx answer is the operation's
+response: it is stored and replayed to retries, with the lookup's status
+or the one its Idempotency-Original-Status header gives. A 404 says the
+operation never took effect: the key is freed and a retry runs it. An
+answer with Idempotency-Outcome: unknown records the outcome unknown.
+Anything else (a redirect, a 5xx, no answer within --upstream-timeout)
+is asked again a minute later, and after --reconcile-attempts unanswered
+lookups the outcome is recorded unknown. Meanwhile retries get 409
+request_in_progress with Retry-After. The lookup must answer 404 only
+when it knows the operation did not commit: a 404 for a wrong path would
+free keys whose operations ran.
+
 The listener speaks HTTP/1.1: a client that opens with HTTP/2 without
 TLS (prior knowledge) gets 505 and a closed connection, and nothing
 reaches the upstream.
@@ -114,10 +134,11 @@ the store and of the proxy's answers, idem_*) and GET /healthz (200 ok
 while the store can be read, else 503). It listens on the loopback
 interface unless told otherwise. Given an admin token (--admin-token-file,
 or IDEM_ADMIN_TOKEN), it also serves the operator routes under
-/v1/admin/, so that idem inspect, get, stats and resolve --admin URL
-settle stuck keys while the proxy runs; without one they are not
-served. Every change of a record's state is logged to standard error as
-one line, with a hash of the key, never the key itself.
+/v1/admin/, so that idem inspect, get, stats, resolve, check and compact
+--admin URL settle stuck keys and look after the store while the proxy
+runs; without one they are not served. Every change of a record's state
+is logged to standard error as one line, with a hash of the key, never
+the key itself.
 
 `)
 		fs.PrintDefaults()
@@ -192,6 +213,11 @@ one line, with a hash of the key, never the key itself.
 		return usageErr("--upstream-timeout %s must be positive and shorter than the lease (%s)", timeout, effectiveLease)
 	}
 
+	rc, err := reconcile.reconciler(timeout, int64(maxStored), log)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+
 	var routes *routeTable
 	var endpointTTL map[string]time.Duration
 	if *routesFile != "" {
@@ -208,7 +234,8 @@ one line, with a hash of the key, never the key itself.
 	if !ok {
 		return 2
 	}
-	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, endpointTTL: endpointTTL, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events}, stderr)
+	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, endpointTTL: endpointTTL, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events,
+		reconcile: rc.reconcileFunc()}, stderr)
 	if db == nil {
 		if code == 2 {
 			fs.Usage()
@@ -230,6 +257,7 @@ one line, with a hash of the key, never the key itself.
 		Outcomes:        outcomes,
 		RawFallback:     !*strict,
 		ProblemBase:     *problemBase,
+		ReconcileEvery:  rc.every(),
 		Logger:          log,
 		Observe:         adm.observer.Observe,
 	}

@@ -64,8 +64,9 @@ For operators, on the same address:
   GET  /healthz           200 ok while the store can be read, else 503
   /v1/admin/...           with an admin token (--admin-token-file, or
                           IDEM_ADMIN_TOKEN), the operator routes that
-                          idem inspect, get, stats and resolve use with
-                          --admin URL; without one they are not served
+                          idem inspect, get, stats, resolve, check and
+                          compact use with --admin URL; without one they
+                          are not served
 
 Every change of a record's state is logged to standard error as one line,
 with a hash of the key and of the token, never the key or the token.

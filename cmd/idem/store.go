@@ -157,6 +157,9 @@ type serverOptions struct {
 	maxBodyBytes int64
 	logger       *slog.Logger
 	events       bool
+	// reconcile, when set, is handed the claims whose lease ran out, every
+	// reconcileEvery.
+	reconcile func(context.Context, idem.Lease) error
 }
 
 // openServer opens the store for serve or proxy, creating it (a directory,
@@ -168,7 +171,11 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 		events = o.logger
 	}
 	if !s.postgres() {
-		opts := &idem.Options{TTL: o.ttl, EndpointTTL: o.endpointTTL, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events}
+		opts := &idem.Options{TTL: o.ttl, EndpointTTL: o.endpointTTL, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events,
+			Reconcile: o.reconcile}
+		if o.reconcile != nil {
+			opts.SweepInterval = reconcileEvery // its loop reconciles after each sweep
+		}
 		if o.maxBodyBytes > 0 {
 			// Bodies are kept inside the record up to the smaller of the
 			// two, which idem.Open requires to be no larger than the cap.
@@ -179,11 +186,11 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	db, err := pgstore.Open(ctx, s.dsn, &pgstore.Options{TTL: o.ttl, EndpointTTL: o.endpointTTL, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events,
-		Migrate: pgstore.MigrateApply})
+		Reconcile: o.reconcile, Migrate: pgstore.MigrateApply})
 	if err != nil {
 		return nil, s.pgOpenFailed(name, err, stderr)
 	}
-	return newSweeping(db, sweepInterval, o.logger), 0
+	return newSweeping(db, sweepInterval, o.reconcile != nil, o.logger), 0
 }
 
 // openTool opens an existing store for the tool called name; events says
@@ -239,6 +246,17 @@ func (s *storeFlags) openTools(name string, events bool, stderr io.Writer) (tool
 		}
 		return localTools{db}, 0
 	}
+	c, code := s.openAdmin(name, stderr)
+	if c == nil {
+		return nil, code
+	}
+	return c, 0
+}
+
+// openAdmin is the client of the admin listener --admin names, for the
+// tool called name, with the admin token. It returns the exit status on
+// failure: 2, since the token is missing or unreadable.
+func (s *storeFlags) openAdmin(name string, stderr io.Writer) (*adminClient, int) {
 	token, err := s.token()
 	if err == nil && token == "" {
 		err = fmt.Errorf("--admin needs the admin token: --admin-token-file FILE or %s", adminTokenEnv)
@@ -286,9 +304,11 @@ func schemaDetail(err error) string {
 const sweepInterval = time.Minute
 
 // sweeping is a PostgreSQL store that deletes its expired records at an
-// interval, which the embedded store does by itself. Replicas take
-// turns: a sweep that finds another replica sweeping does nothing. Close
-// stops the loop, then closes the store.
+// interval, and hands overdue claims to its reconciler if it has one,
+// which the embedded store does by itself. Replicas take turns: a sweep
+// that finds another replica sweeping does nothing, and each overdue
+// claim goes to one replica's reconciler. Close stops the loop, then
+// closes the store.
 type sweeping struct {
 	*pgstore.Store
 	stop      context.CancelFunc
@@ -296,7 +316,7 @@ type sweeping struct {
 	closeOnce sync.Once
 }
 
-func newSweeping(db *pgstore.Store, every time.Duration, log *slog.Logger) *sweeping {
+func newSweeping(db *pgstore.Store, every time.Duration, reconcile bool, log *slog.Logger) *sweeping {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sweeping{Store: db, stop: cancel, done: make(chan struct{})}
 	go func() {
@@ -311,6 +331,12 @@ func newSweeping(db *pgstore.Store, every time.Duration, log *slog.Logger) *swee
 			}
 			if _, err := db.Sweep(ctx); err != nil && ctx.Err() == nil {
 				log.Warn("idem: sweeping expired records failed; trying again later", "err", err)
+			}
+			if !reconcile {
+				continue
+			}
+			if _, err := db.Reconcile(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("idem: reconciling overdue claims failed; trying again later", "err", err)
 			}
 		}
 	}()

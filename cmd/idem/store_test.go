@@ -333,7 +333,7 @@ func TestSweeping(t *testing.T) {
 	now = now.Add(2 * time.Hour)
 	mu.Unlock()
 
-	s := newSweeping(db, time.Millisecond, newLogger(io.Discard))
+	s := newSweeping(db, time.Millisecond, false, newLogger(io.Discard))
 	deadline := time.Now().Add(guard)
 	for {
 		m, err := s.Metrics(ctx)

@@ -39,8 +39,8 @@ func openExisting(name, dir string, events bool, stderr io.Writer) (idem.Operato
 		fmt.Fprintf(stderr, "idem %s: %s holds no idem store; check --data (serve and proxy create one at their first start)\n", name, dir)
 	case errors.Is(err, idem.ErrLocked):
 		fmt.Fprintf(stderr, "idem %s: data directory %s is in use by another process, most likely a running idem serve or proxy.\n"+
-			"The tools need the store to themselves. While it runs, inspect, get, stats and resolve work through its admin\n"+
-			"listener with --admin URL, if it was started with an admin token (--admin-token-file or "+adminTokenEnv+");\n"+
+			"The tools need the store to themselves. While it runs, inspect, get, stats, resolve, check and compact work through\n"+
+			"its admin listener with --admin URL, if it was started with an admin token (--admin-token-file or "+adminTokenEnv+");\n"+
 			"otherwise stop it (SIGTERM lets requests in flight finish), run this again, then start it.\n"+
 			"(Records kept in PostgreSQL, with --store, can be inspected and changed while it runs.)\n", name, dir)
 	default:
