@@ -76,6 +76,9 @@ type sizing struct {
 	cache int64
 	// filter bounds one key filter's bytes, 0 for no bound.
 	filter int64
+	// small is set under a memory budget, whose small memtables call for
+	// the compaction settings that spare flash (see Open).
+	small bool
 }
 
 // minMemoryBytes is the smallest Options.MemoryBytes.
@@ -93,7 +96,7 @@ func (o *Options) sizing() sizing {
 	}
 	m := o.MemoryBytes
 	memTable := min(m/8, 64<<20)
-	return sizing{memTable: memTable, cache: m * 3 / 4, filter: m / 16}
+	return sizing{memTable: memTable, cache: m * 3 / 4, filter: m / 16, small: true}
 }
 
 // tableCompression is the cheapest compression that still shrinks chunked
@@ -179,6 +182,9 @@ func Open(dir string, opts *Options) (*DB, error) {
 	popts.EventListener = &pebble.EventListener{PossibleAPIMisuse: func(i pebble.PossibleAPIMisuseInfo) {
 		o.Logger.Error("idem: storage misuse", "what", i.String())
 	}}
+	if size.small {
+		spareFlash(popts)
+	}
 	pdb, err := pebble.Open(dir, popts)
 	if err != nil {
 		lock.Close()
@@ -216,6 +222,29 @@ func Open(dir string, opts *Options) (*DB, error) {
 		go db.background()
 	}
 	return db, nil
+}
+
+// spareFlash sets what a store with small memtables needs so as not to
+// wear out flash. Each small flush would otherwise soon be compacted into
+// the base level, and as the keys are random, every such compaction
+// rewrites most of that level: over ten times the records' size for a
+// store of a million of them. So every value of 64 bytes or more, which is
+// every record, goes to blob files at flush and is never rewritten;
+// compactions move keys and references only. And level 0 gathers 32
+// flushes, not 4, before they are compacted together, so that each
+// rewrite of the base level carries eight times as many new records. The
+// costs: a read of a record reads one more block, and a read of a key
+// absent from the memtable probes the filters of up to 32 more tables
+// (writes stall only at three times that).
+func spareFlash(popts *pebble.Options) {
+	popts.L0CompactionThreshold = 32
+	popts.L0StopWritesThreshold = 96
+	vsep := popts.Experimental.ValueSeparationPolicy
+	popts.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
+		p := vsep()
+		p.MinimumSize = 64
+		return p
+	}
 }
 
 func (db *DB) checkSchema() error {

@@ -120,6 +120,15 @@ type Options struct {
 	MustExist bool
 }
 
+// GoMemoryLimit returns the Go runtime's soft memory limit
+// (debug.SetMemoryLimit, or GOMEMLIMIT) that suits a process whose store
+// has the budget memoryBytes: the budget and 16 MiB for the rest of the
+// store and the requests in flight. Without a limit the Go collector lets
+// the heap grow to twice what is live, and in a build without cgo, as
+// cross-compiled device builds are, the budget itself is Go heap. idem
+// serve and idem proxy set it for --memory unless GOMEMLIMIT is set.
+func GoMemoryLimit(memoryBytes int64) int64 { return memoryBytes + 16<<20 }
+
 // withDefaults returns a validated copy of o with every default filled in.
 // It reports every bad field at once.
 func (o *Options) withDefaults() (Options, error) {

@@ -40,6 +40,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(&maxBody, "max-body", "largest request body, a `SIZE` in bytes or with a unit (512KiB, 1MiB); larger ones get 413")
 	maxStored := byteSize(4 << 20)
 	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
+	store.addMemory()
 	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
 	unknownStatus := fs.String("unknown-status", "", "upstream statuses after which the outcome is recorded unknown, since the upstream may or may not have acted: the answer reaches the client and retries get 409 outcome_pending until an operator resolves the key; a `LIST` like --release-status's (default none)")
 	strict := fs.Bool("strict-canonical", false, "refuse a JSON or form body that cannot be canonicalized (duplicate members, NaN, deep nesting, a bare % in a form) with 400 request_body_invalid; by default its raw bytes are fingerprinted instead, so a retry must send the same bytes")
@@ -54,7 +55,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR | --store DSN] [--listen ADDR]
                   [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
-                  [--max-body SIZE] [--max-stored-body SIZE]
+                  [--max-body SIZE] [--max-stored-body SIZE] [--memory SIZE]
                   [--release-status LIST] [--unknown-status LIST]
                   [--routes FILE] [--strict-canonical] [--drain D]
                   [--admin ADDR] [--admin-token-file FILE]

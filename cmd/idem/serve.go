@@ -30,12 +30,14 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the middleware answers: the type is it followed by the code, and the answer links to it (Link rel=describedby)")
 	maxStored := byteSize(4 << 20)
 	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
+	store.addMemory()
 	adminToken := adminTokenFlag(fs)
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem serve [--data DIR | --store DSN] [--addr ADDR] [--provider-delay D]
-                  [--drain D] [--max-stored-body SIZE] [--problem-base URI]
-                  [--admin-token-file FILE] [--events=false]
+                  [--drain D] [--max-stored-body SIZE] [--memory SIZE]
+                  [--problem-base URI] [--admin-token-file FILE]
+                  [--events=false]
 
 Runs a small payments API behind the idempotency middleware, to try the
 contract with curl:

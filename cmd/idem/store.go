@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,6 +71,9 @@ type storeFlags struct {
 	// token reads the admin token; both are set by addAdmin only.
 	admin string
 	token func() (string, error)
+	// memory is --memory, the embedded store's budget; set by addMemory
+	// only.
+	memory byteSize
 }
 
 // addStoreFlags registers --data and --store on fs. dataHelp describes
@@ -85,6 +90,11 @@ func addStoreFlags(fs *flag.FlagSet, dataHelp string) *storeFlags {
 func (s *storeFlags) addAdmin() {
 	s.fs.StringVar(&s.admin, "admin", "", "URL of a running serve or proxy's admin listener (http://127.0.0.1:9464): work through it, while it runs, instead of opening --data or --store")
 	s.token = adminTokenFlag(s.fs)
+}
+
+// addMemory registers --memory, for serve and proxy.
+func (s *storeFlags) addMemory() {
+	s.fs.Var(&s.memory, "memory", "memory the embedded store holds for itself, a `SIZE` such as 16MiB or 64MiB: its cache, write buffers and key filter share it, and the disk it keeps when empty shrinks with it. 0 sizes it for a server, about 200MiB and more. The process needs more than this: see the README's advice for devices. At least 4MiB; --data only")
 }
 
 // postgres reports whether the records are in PostgreSQL.
@@ -111,8 +121,14 @@ func (s *storeFlags) validate() error {
 		}
 		return nil
 	}
+	if s.memory != 0 && s.memory < 4<<20 {
+		return fmt.Errorf("--memory %s is below the smallest budget, 4MiB", &s.memory)
+	}
 	if !s.postgres() {
 		return nil
+	}
+	if s.memory != 0 {
+		return errors.New("--memory sizes the embedded store; PostgreSQL's memory is the server's own")
 	}
 	if dataSet {
 		return errors.New("--data and --store name two different stores; give one")
@@ -175,6 +191,9 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 			Reconcile: o.reconcile}
 		if o.reconcile != nil {
 			opts.SweepInterval = reconcileEvery // its loop reconciles after each sweep
+		}
+		if s.memory != 0 && os.Getenv("GOMEMLIMIT") == "" {
+			debug.SetMemoryLimit(idem.GoMemoryLimit(int64(s.memory)))
 		}
 		if o.maxBodyBytes > 0 {
 			// Bodies are kept inside the record up to the smaller of the

@@ -108,6 +108,27 @@ func TestStoreFlagMistakes(t *testing.T) {
 	}
 }
 
+func TestMemoryFlagMistakes(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "--addr", "127.0.0.1:0"},
+		{"proxy", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			r := runIdem(t, "", append(args, "--data", t.TempDir(), "--memory", "3MiB")...)
+			assert.Equal(t, 2, r.code)
+			assert.Contains(t, r.stderr, "--memory 3MiB is below the smallest budget, 4MiB")
+
+			r = runIdem(t, "", append(args, "--memory", "16MiB", "--store", "postgres://app@127.0.0.1:1/appdb")...)
+			assert.Equal(t, 2, r.code)
+			assert.Contains(t, r.stderr, "--memory sizes the embedded store")
+
+			r = runIdem(t, "", append(args, "--data", t.TempDir(), "--memory", "lots")...)
+			assert.Equal(t, 2, r.code)
+			assert.Contains(t, r.stderr, "want a number of bytes")
+		})
+	}
+}
+
 // TestToolsOnPostgres runs the tools against seedStore's records kept in
 // PostgreSQL.
 func TestToolsOnPostgres(t *testing.T) {

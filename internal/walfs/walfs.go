@@ -84,11 +84,11 @@ const walCategory vfs.DiskWriteCategory = "pebble-wal"
 const ZeroAhead = 8 << 20
 
 // New wraps fs for logs that grow to about logBytes, the memtable size.
-// What is kept ahead is at most half that: every log file stays on disk
-// for reuse, zeros and all, so a store with small memtables keeps a small
-// floor of disk.
+// What is kept ahead is at most a quarter of that: Pebble keeps its last
+// few log files for reuse, zeros and all, so a store with small memtables
+// keeps a small floor of disk.
 func New(fs vfs.FS, logBytes int64) *FS {
-	ahead := min(ZeroAhead, logBytes/2) &^ (pageBytes - 1)
+	ahead := min(ZeroAhead, logBytes/4) &^ (pageBytes - 1)
 	return &FS{FS: fs, ahead: ahead, chunk: ahead / 2, fatal: Exit}
 }
 
