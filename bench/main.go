@@ -43,11 +43,17 @@ func main() {
 	pgDSN := flag.String("pg", "", "PostgreSQL connection string, for the postgres, pgstore and proxy-pg-N systems (e.g. postgres://user@127.0.0.1:55432/db)")
 	redisAddr := flag.String("redis", "", "Redis address, for the redis system; the server must run appendonly yes, appendfsync always")
 	rounds := flag.Int("rounds", 3, "how many times each cell runs, interleaved; the table shows the median run")
+	pgData := flag.String("pg-data", "", "the -pg server's data directory, for bytes-written/op (default: the server's data_directory, when it runs on this machine)")
+	redisData := flag.String("redis-data", "", "the -redis server's directory, for bytes-written/op (default: the server's dir, when it runs on this machine)")
+	drain := flag.Duration("drain", 5*time.Second, "longest wait, before and after each claim+complete cell, for the devices to fall quiet")
 	flag.Parse()
 
 	cfg, err := parseConfig(*concList, *systemList)
 	if err == nil && *rounds < 1 {
 		err = fmt.Errorf("bad -rounds %d: at least 1", *rounds)
+	}
+	if err == nil && *drain < 0 {
+		err = fmt.Errorf("bad -drain %s: not negative", *drain)
 	}
 	if err == nil && *bodySize < 0 {
 		err = fmt.Errorf("bad -body %d: not negative", *bodySize)
@@ -62,6 +68,7 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.duration, cfg.bodies, cfg.rounds = *duration, newBodies(*bodySize), *rounds
+	cfg.wearDirs, cfg.drain = wearDirs{pg: *pgData, redis: *redisData}, *drain
 	res, err := run(context.Background(), cfg, *dataDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -106,6 +113,8 @@ type config struct {
 	pgDSN     string
 	redisAddr string
 	rounds    int // runs of each cell
+	wearDirs  wearDirs
+	drain     time.Duration // -drain
 }
 
 func (c config) maxConc() int { return slices.Max(c.concs) }
@@ -163,7 +172,17 @@ type row struct {
 	elapsed    time.Duration
 	p50, p99   time.Duration
 	syncsPerOp float64
-	lo, hi     float64 // ops/s of the cell's slowest and fastest run
+	wear       *cellWear // bytes written, in claim+complete cells
+	lo, hi     float64   // ops/s of the cell's slowest and fastest run
+}
+
+// cellWear is what a claim+complete cell wrote.
+type cellWear struct {
+	dev   float64 // bytes the device wrote per operation
+	noDev string  // why there is no dev figure, as the table shows it
+	own   float64 // bytes the system counts it wrote per operation
+	ownOK bool
+	quiet bool // the drains before and after the cell fell quiet
 }
 
 func (r row) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -176,18 +195,21 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 	}
 	defer os.RemoveAll(root)
 	systems := map[string]system{}
+	envs := map[string]env{}
 	done := map[string]*opLog{}
 	for _, name := range cfg.systems {
-		s, err := openers[name](env{
+		e := env{
 			dir: filepath.Join(root, name), maxConc: cfg.maxConc(), bodies: cfg.bodies,
 			pgDSN: cfg.pgDSN, redisAddr: cfg.redisAddr,
-		})
+		}
+		s, err := openers[name](e)
 		if err != nil {
 			return res, fmt.Errorf("open %s: %w", name, err)
 		}
 		defer s.close()
-		systems[name], done[name] = s, &opLog{}
+		systems[name], envs[name], done[name] = s, e, &opLog{}
 	}
+	wear := newWearSources(ctx, host, cfg, cfg.wearDirs, systems, envs)
 	// Interleave: every system runs each cell before the next cell starts,
 	// so slow drift of the machine hits them all alike. Runs of the same
 	// cell vary by 10-15% on a shared disk, more than some goals' margins,
@@ -230,6 +252,11 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 		if cs, ok := s.(cellStarter); ok {
 			cs.startCell(c.conc)
 		}
+		w := wear[c.system]
+		before, d0, err := w.drain(ctx, host, cfg.drain)
+		if err != nil {
+			return row{}, fmt.Errorf("drain: %w", err)
+		}
 		s.syncsPerOp() // start counting here
 		r, err := measure(ctx, c.conc, cfg.duration, func(rng *rand.Rand) error {
 			o := newOp(rng.IntN(100))
@@ -239,8 +266,22 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 			log.add(o)
 			return nil
 		})
+		if err != nil {
+			return r, err
+		}
 		r.syncsPerOp = s.syncsPerOp()
-		return r, err
+		after, d1, err := w.drain(ctx, host, cfg.drain)
+		if err != nil {
+			return row{}, fmt.Errorf("drain: %w", err)
+		}
+		cw := &cellWear{noDev: w.noDev, quiet: d0.quiet && d1.quiet}
+		dev, own, ownOK := before.perOp(after, r.ops)
+		if len(w.devs) > 0 {
+			cw.dev = dev
+		}
+		cw.own, cw.ownOK = own, ownOK
+		r.wear = cw
+		return r, nil
 	})
 	if err != nil {
 		return res, err
