@@ -2,17 +2,18 @@
 // on this machine, in one run, interleaved, so that every ratio it prints
 // compares figures taken under the same conditions.
 //
-//	go run ./bench [-duration 3s] [-conc 1,16,64] [-rounds 3] [-systems ...] [-out DIR] [-pg DSN] [-redis ADDR]
+//	go run ./bench [-duration 3s] [-conc 1,16,64] [-rounds 3] [-systems ...] [-out DIR] [-pg DSN] [-redis ADDR] [-drain 5s]
 //
 // Workloads: "claim+complete" is one durable claim (fingerprint, state in
 // progress, expiry) followed by one durable completion with a 1 KiB body,
 // on fresh UUIDv4 keys spread over 100 tenants; "replay" answers retries
 // of the keys completed last, "replay-all" retries of any key completed in
-// the run. It prints a Markdown table with ratios to the
-// baselines and the goals, and writes it with two SVG charts
-// (throughput.svg, p99.svg) to -out. Embedded stores live in a temporary
-// directory under -data (not /tmp, which may be memory), removed at the
-// end. bench/run.sh starts PostgreSQL and Redis and runs everything.
+// the run. A claim+complete row also gives the bytes the block device
+// holding the system's files wrote per operation (wear.go). It prints a
+// Markdown table with ratios to the baselines and the goals, and
+// writes it with two SVG charts (throughput.svg, p99.svg) to -out.
+// Embedded stores live in a temporary directory under -data (not /tmp,
+// which may be memory), removed at the end. bench/run.sh starts PostgreSQL and Redis and runs everything.
 package main
 
 import (
@@ -45,7 +46,7 @@ func main() {
 	rounds := flag.Int("rounds", 3, "how many times each cell runs, interleaved; the table shows the median run")
 	pgData := flag.String("pg-data", "", "the -pg server's data directory, for bytes-written/op (default: the server's data_directory, when it runs on this machine)")
 	redisData := flag.String("redis-data", "", "the -redis server's directory, for bytes-written/op (default: the server's dir, when it runs on this machine)")
-	drain := flag.Duration("drain", 5*time.Second, "longest wait, before and after each claim+complete cell, for the devices to fall quiet")
+	drain := flag.Duration("drain", 5*time.Second, "longest wait, before and after each claim+complete cell, for the system's deferred writes and for the devices to fall quiet")
 	flag.Parse()
 
 	cfg, err := parseConfig(*concList, *systemList)
@@ -178,11 +179,12 @@ type row struct {
 
 // cellWear is what a claim+complete cell wrote.
 type cellWear struct {
-	dev   float64 // bytes the device wrote per operation
-	noDev string  // why there is no dev figure, as the table shows it
-	own   float64 // bytes the system counts it wrote per operation
-	ownOK bool
-	quiet bool // the drains before and after the cell fell quiet
+	dev        float64 // bytes the device wrote per operation, background subtracted
+	background float64 // the background subtracted, per operation
+	noDev      string  // why there is no dev figure, as the table shows it
+	own        float64 // bytes the system counts it wrote per operation
+	ownOK      bool
+	quiet      bool // the drains before and after the cell fell quiet
 }
 
 func (r row) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -253,7 +255,7 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 			cs.startCell(c.conc)
 		}
 		w := wear[c.system]
-		before, d0, err := w.drain(ctx, host, cfg.drain)
+		before, err := w.begin(ctx, host, cfg.drain, min(cfg.duration, maxBackgroundWindow))
 		if err != nil {
 			return row{}, fmt.Errorf("drain: %w", err)
 		}
@@ -270,17 +272,15 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 			return r, err
 		}
 		r.syncsPerOp = s.syncsPerOp()
-		after, d1, err := w.drain(ctx, host, cfg.drain)
+		after, err := w.end(ctx, host, cfg.drain)
 		if err != nil {
 			return row{}, fmt.Errorf("drain: %w", err)
 		}
-		cw := &cellWear{noDev: w.noDev, quiet: d0.quiet && d1.quiet}
-		dev, own, ownOK := before.perOp(after, r.ops)
-		if len(w.devs) > 0 {
-			cw.dev = dev
+		cw := cellWearOf(before, after, r.ops)
+		if len(w.devs) == 0 {
+			cw.dev, cw.background, cw.noDev = 0, 0, w.noDev
 		}
-		cw.own, cw.ownOK = own, ownOK
-		r.wear = cw
+		r.wear = &cw
 		return r, nil
 	})
 	if err != nil {

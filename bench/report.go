@@ -284,8 +284,8 @@ func wearTable(res results) string {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString("\nBytes written per claim+complete, from the device's own counters:\n\n")
-	b.WriteString("| conc | system | bytes-written/op | own bytes/op | vs idem | vs disk |\n|---:|---|---:|---:|---:|---:|\n")
+	b.WriteString("\nBytes written per claim+complete, from the device's own counters, less the background the device wrote at before the cell (subtracted):\n\n")
+	b.WriteString("| conc | system | bytes-written/op | subtracted | own bytes/op | vs idem | vs disk |\n|---:|---|---:|---:|---:|---:|---:|\n")
 	ratio := func(r row, base string) string {
 		br, ok := res.find(workClaim, base, r.conc)
 		if !ok || br.wear == nil || br.wear.noDev != "" || r.wear.noDev != "" || br.wear.dev == 0 {
@@ -294,7 +294,11 @@ func wearTable(res results) string {
 		return fmt.Sprintf("%.2fx", r.wear.dev/br.wear.dev)
 	}
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |\n", r.conc, r.system, r.wear.devCell(), r.wear.ownCell(), ratio(r, "idem"), ratio(r, "disk"))
+		bg := ""
+		if r.wear.noDev == "" {
+			bg = fmt.Sprintf("%.0f", r.wear.background)
+		}
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s |\n", r.conc, r.system, r.wear.devCell(), bg, r.wear.ownCell(), ratio(r, "idem"), ratio(r, "disk"))
 	}
 	return b.String()
 }

@@ -35,6 +35,9 @@ const (
 	// count as quiet: a journal commit or another process's trickle, not a
 	// compaction or a checkpoint.
 	drainQuietBytes = 256 << 10
+	// maxBackgroundWindow bounds how long the devices are watched, with
+	// the system idle, before each cell: as long as the cell, up to this.
+	maxBackgroundWindow = time.Second
 )
 
 // blockDevice is a block device by its numbers, with the kernel's name
@@ -311,52 +314,84 @@ type wearSource struct {
 	// settle waits for, or forces, the writes the system defers; nil
 	// when it defers none the harness can reach.
 	settle func(ctx context.Context) error
+	// background is the rate the last begin measured, in bytes per second.
+	background float64
 }
 
 // wearReading is one reading of a wearSource.
 type wearReading struct {
 	sectors uint64
+	at      time.Time
 	own     uint64
 	ownOK   bool
+	quiet   bool // the drain before the reading fell quiet within its limit
+	// background is the rate, in bytes per second, at which the devices
+	// wrote while the system was idle, just before the cell; begin sets it.
+	background float64
 }
 
-// drained is what a drain saw.
-type drained struct{ quiet bool }
+// begin drains what earlier cells left, then watches the devices for
+// window while the system is idle, to learn what the rest of the machine
+// writes, and returns the reading the cell starts from.
+func (w *wearSource) begin(ctx context.Context, h hostView, limit, window time.Duration) (wearReading, error) {
+	r, err := w.drain(ctx, h, limit)
+	if err != nil || len(w.devs) == 0 {
+		return r, err
+	}
+	time.Sleep(window)
+	n, err := w.sectors(h)
+	if err != nil {
+		return r, err
+	}
+	now := time.Now()
+	r.background = float64(n-r.sectors) * sectorBytes / now.Sub(r.at).Seconds()
+	r.sectors, r.at = n, now
+	w.background = r.background
+	if w.own != nil {
+		r.own, err = w.own(ctx)
+		r.ownOK = err == nil
+	}
+	return r, nil
+}
+
+// end drains what the cell left and returns the reading it ends at.
+func (w *wearSource) end(ctx context.Context, h hostView, limit time.Duration) (wearReading, error) {
+	return w.drain(ctx, h, limit)
+}
 
 // drain runs the system's hook, syncs every filesystem and waits until
-// the devices have written at most drainQuietBytes per tick for
-// drainSamples ticks in a row, or limit passed, then reads the counters.
-func (w *wearSource) drain(ctx context.Context, h hostView, limit time.Duration) (wearReading, drained, error) {
+// the devices have fallen back to the background rate (plus
+// drainQuietBytes per tick) for drainSamples ticks in a row, or limit
+// passed, then reads the counters.
+func (w *wearSource) drain(ctx context.Context, h hostView, limit time.Duration) (wearReading, error) {
 	start := time.Now()
-	settledInTime := true
+	r := wearReading{quiet: true}
 	if w.settle != nil {
 		sctx, cancel := context.WithTimeout(ctx, limit)
 		err := w.settle(sctx)
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			settledInTime = false
+			r.quiet = false
 		} else if err != nil {
-			return wearReading{}, drained{}, err
+			return r, err
 		}
 	}
-	var r wearReading
-	quiet := settledInTime
 	if len(w.devs) > 0 {
 		syncAll()
 		read := func() (uint64, error) { return w.sectors(h) }
-		var err error
-		var fell bool
-		r.sectors, fell, err = waitQuiet(read, func() bool { return time.Since(start) >= limit }, func() { time.Sleep(drainTick) })
+		quietBytes := drainQuietBytes + uint64(2*w.background*drainTick.Seconds())
+		n, fell, err := waitQuiet(read, quietBytes, func() bool { return time.Since(start) >= limit }, func() { time.Sleep(drainTick) })
 		if err != nil {
-			return r, drained{}, err
+			return r, err
 		}
-		quiet = quiet && fell
+		r.sectors, r.quiet = n, r.quiet && fell
 	}
+	r.at = time.Now()
 	if w.own != nil {
 		n, err := w.own(ctx)
 		r.own, r.ownOK = n, err == nil
 	}
-	return r, drained{quiet: quiet}, nil
+	return r, nil
 }
 
 func (w *wearSource) sectors(h hostView) (uint64, error) {
@@ -372,9 +407,9 @@ func (w *wearSource) sectors(h hostView) (uint64, error) {
 }
 
 // waitQuiet reads the counter every tick until it grew by at most
-// drainQuietBytes per tick drainSamples times in a row, or expired
-// reports true, and returns the last reading and whether it was quiet.
-func waitQuiet(read func() (uint64, error), expired func() bool, tick func()) (uint64, bool, error) {
+// quietBytes per tick drainSamples times in a row, or expired reports
+// true, and returns the last reading and whether it was quiet.
+func waitQuiet(read func() (uint64, error), quietBytes uint64, expired func() bool, tick func()) (uint64, bool, error) {
 	prev, err := read()
 	if err != nil {
 		return 0, false, err
@@ -388,7 +423,7 @@ func waitQuiet(read func() (uint64, error), expired func() bool, tick func()) (u
 		if err != nil {
 			return 0, false, err
 		}
-		if (cur-prev)*sectorBytes <= drainQuietBytes {
+		if (cur-prev)*sectorBytes <= quietBytes {
 			quiet++
 		} else {
 			quiet = 0
@@ -398,11 +433,15 @@ func waitQuiet(read func() (uint64, error), expired func() bool, tick func()) (u
 	return prev, true, nil
 }
 
-// perOp returns the bytes written between two readings per operation.
-func (a wearReading) perOp(b wearReading, ops int) (dev float64, own float64, ownOK bool) {
-	dev = float64(b.sectors-a.sectors) * sectorBytes / float64(ops)
+// cellWearOf is what a cell of ops operations wrote between readings a
+// and b: the device's bytes less what the background rate measured before
+// the cell accounts for over the same time, per operation.
+func cellWearOf(a, b wearReading, ops int) cellWear {
+	bg := a.background * b.at.Sub(a.at).Seconds()
+	dev := float64(b.sectors-a.sectors) * sectorBytes
+	w := cellWear{dev: max(0, dev-bg) / float64(ops), background: bg / float64(ops), quiet: a.quiet && b.quiet}
 	if a.ownOK && b.ownOK && b.own >= a.own {
-		own, ownOK = float64(b.own-a.own)/float64(ops), true
+		w.own, w.ownOK = float64(b.own-a.own)/float64(ops), true
 	}
-	return dev, own, ownOK
+	return w
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -179,25 +180,37 @@ func TestWaitQuiet(t *testing.T) {
 			return n, nil
 		}
 	}
-	n, quiet, err := waitQuiet(next(readings), func() bool { return false }, func() {})
+	n, quiet, err := waitQuiet(next(readings), drainQuietBytes, func() bool { return false }, func() {})
 	require.NoError(t, err)
 	assert.True(t, quiet)
 	assert.Equal(t, uint64(2*busy+2), n, "three quiet ticks after the busy ones")
 
-	n, quiet, err = waitQuiet(next(readings), func() bool { return true }, func() {})
+	n, quiet, err = waitQuiet(next(readings), drainQuietBytes, func() bool { return true }, func() {})
 	require.NoError(t, err)
 	assert.False(t, quiet, "the limit passed before the device fell quiet")
 	assert.Equal(t, uint64(0), n)
+
+	// A device that writes busy sectors a tick of its own accord is quiet
+	// at that rate.
+	n, quiet, err = waitQuiet(next(readings), 2*drainQuietBytes, func() bool { return false }, func() {})
+	require.NoError(t, err)
+	assert.True(t, quiet)
+	assert.Equal(t, uint64(2*busy+1), n)
 }
 
 func TestWearCells(t *testing.T) {
-	a, b := wearReading{sectors: 100, own: 1000, ownOK: true}, wearReading{sectors: 140, own: 3000, ownOK: true}
-	dev, own, ok := a.perOp(b, 4)
-	assert.InDelta(t, 40*512/4.0, dev, 1e-9)
-	assert.InDelta(t, 500, own, 1e-9)
-	assert.True(t, ok)
-	_, _, ok = b.perOp(a.withOwn(10), 4)
-	assert.False(t, ok, "an own count that shrank (a rewritten AOF) has no figure")
+	t0 := time.Unix(1000, 0)
+	a := wearReading{sectors: 100, at: t0, own: 1000, ownOK: true, quiet: true, background: 1024}
+	b := wearReading{sectors: 140, at: t0.Add(2 * time.Second), own: 3000, ownOK: true, quiet: true}
+	w := cellWearOf(a, b, 4)
+	// 40 sectors less two seconds of 1 KiB/s background, over 4 operations.
+	assert.Equal(t, cellWear{dev: (40*512 - 2048) / 4.0, background: 512, own: 500, ownOK: true, quiet: true}, w)
+	b.quiet = false
+	assert.False(t, cellWearOf(a, b, 4).quiet, "a drain that hit its limit marks the cell")
+	a.background = 1 << 20
+	assert.Zero(t, cellWearOf(a, b, 4).dev, "more background than writes is none")
+	a.own = 5000
+	assert.False(t, cellWearOf(a, b, 4).ownOK, "an own count that shrank (a rewritten AOF) has no figure")
 
 	assert.Equal(t, "5120", (&cellWear{dev: 5120, quiet: true}).devCell())
 	assert.Equal(t, "5120*", (&cellWear{dev: 5120}).devCell())
@@ -206,5 +219,3 @@ func TestWearCells(t *testing.T) {
 	assert.Equal(t, "", (&cellWear{own: 7}).ownCell())
 	assert.Equal(t, "7", (&cellWear{own: 7, ownOK: true}).ownCell())
 }
-
-func (r wearReading) withOwn(n uint64) wearReading { r.own = n; return r }
