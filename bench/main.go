@@ -46,6 +46,7 @@ func main() {
 	rounds := flag.Int("rounds", 3, "how many times each cell runs, interleaved; the table shows the median run")
 	pgData := flag.String("pg-data", "", "the -pg server's data directory, for bytes-written/op (default: the server's data_directory, when it runs on this machine)")
 	redisData := flag.String("redis-data", "", "the -redis server's directory, for bytes-written/op (default: the server's dir, when it runs on this machine)")
+	pgCheckpoint := flag.Bool("pg-checkpoint", true, "end each claim+complete cell of a PostgreSQL system with a CHECKPOINT, so that its bytes-written/op counts the table pages the cell dirtied (it also makes the next cell log full page images)")
 	drain := flag.Duration("drain", 5*time.Second, "longest wait, before and after each claim+complete cell, for the system's deferred writes and for the devices to fall quiet")
 	flag.Parse()
 
@@ -69,7 +70,7 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.duration, cfg.bodies, cfg.rounds = *duration, newBodies(*bodySize), *rounds
-	cfg.wearDirs, cfg.drain = wearDirs{pg: *pgData, redis: *redisData}, *drain
+	cfg.wear, cfg.drain = wearFlags{pgData: *pgData, redisData: *redisData, pgCheckpoint: *pgCheckpoint}, *drain
 	res, err := run(context.Background(), cfg, *dataDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -114,7 +115,7 @@ type config struct {
 	pgDSN     string
 	redisAddr string
 	rounds    int // runs of each cell
-	wearDirs  wearDirs
+	wear      wearFlags
 	drain     time.Duration // -drain
 }
 
@@ -211,7 +212,7 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 		defer s.close()
 		systems[name], envs[name], done[name] = s, e, &opLog{}
 	}
-	wear := newWearSources(ctx, host, cfg, cfg.wearDirs, systems, envs)
+	wear := newWearSources(ctx, host, cfg, systems, envs)
 	// Interleave: every system runs each cell before the next cell starts,
 	// so slow drift of the machine hits them all alike. Runs of the same
 	// cell vary by 10-15% on a shared disk, more than some goals' margins,

@@ -25,15 +25,19 @@ type settler interface {
 	settle(ctx context.Context) error
 }
 
-// wearDirs are the flags that name a server's data directory.
-type wearDirs struct{ pg, redis string }
+// wearFlags are the flags that say where the servers keep their files and
+// whether PostgreSQL checkpoints after each cell.
+type wearFlags struct {
+	pgData, redisData string
+	pgCheckpoint      bool
+}
 
 // newWearSources returns, for each system, where its bytes written are
 // counted. Systems in process write under env.dir (upstream writes
 // nothing, and counts the device that would hold its directory, which
 // shows the device's background); the systems on a server write to its
 // data directory, which the flags name or the server reports.
-func newWearSources(ctx context.Context, h hostView, cfg config, dirs wearDirs, systems map[string]system, envs map[string]env) map[string]*wearSource {
+func newWearSources(ctx context.Context, h hostView, cfg config, systems map[string]system, envs map[string]env) map[string]*wearSource {
 	out := map[string]*wearSource{}
 	var pg, rd *wearSource
 	for name, s := range systems {
@@ -41,12 +45,12 @@ func newWearSources(ctx context.Context, h hostView, cfg config, dirs wearDirs, 
 		switch {
 		case usesPG(name):
 			if pg == nil {
-				pg = pgWearSource(ctx, h, cfg.pgDSN, dirs.pg)
+				pg = pgWearSource(ctx, h, cfg.pgDSN, cfg.wear.pgData, cfg.wear.pgCheckpoint)
 			}
 			w = pg
 		case name == "redis":
 			if rd == nil {
-				rd = redisWearSource(ctx, h, cfg.redisAddr, dirs.redis)
+				rd = redisWearSource(ctx, h, cfg.redisAddr, cfg.wear.redisData)
 			}
 			w = rd
 		default:
@@ -88,10 +92,11 @@ func (w *wearSource) locate(h hostView, dirs ...string) {
 
 // pgWearSource counts the device of the server's data directory and of
 // its pg_wal, which may be a link to another device. Its own figure is
-// the WAL the server wrote, from pg_current_wal_lsn(); its settle is a
-// CHECKPOINT, which writes the pages a cell dirtied to the tables, where
-// they would otherwise wait for the next timed checkpoint.
-func pgWearSource(ctx context.Context, h hostView, dsn, dataDir string) *wearSource {
+// the WAL the server wrote, from pg_current_wal_lsn(). With checkpoint,
+// its settle is a CHECKPOINT, which writes the pages a cell dirtied to
+// the tables, where they would otherwise wait for the next timed
+// checkpoint, after the cell or after the run.
+func pgWearSource(ctx context.Context, h hostView, dsn, dataDir string, checkpoint bool) *wearSource {
 	w := &wearSource{}
 	if dataDir == "" {
 		var err error
@@ -107,6 +112,9 @@ func pgWearSource(ctx context.Context, h hostView, dsn, dataDir string) *wearSou
 		var n int64
 		err := pgQuery(ctx, dsn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint", &n)
 		return uint64(n), err
+	}
+	if !checkpoint {
+		return w
 	}
 	var warn sync.Once
 	w.settle = func(ctx context.Context) error {
