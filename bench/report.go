@@ -284,7 +284,7 @@ func wearTable(res results) string {
 		return ""
 	}
 	var b strings.Builder
-	b.WriteString("\nBytes written per claim+complete, from the device's own counters, less the background the device wrote at before the cell (subtracted):\n\n")
+	b.WriteString("\nBytes written per claim+complete, from the device's own counters, less what the rest of the machine wrote at the rate measured before each cell (subtracted):\n\n")
 	b.WriteString("| conc | system | bytes-written/op | subtracted | own bytes/op | vs idem | vs disk |\n|---:|---|---:|---:|---:|---:|---:|\n")
 	ratio := func(r row, base string) string {
 		br, ok := res.find(workClaim, base, r.conc)
