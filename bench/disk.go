@@ -31,6 +31,7 @@ type diskSystem struct {
 	done   chan struct{}
 	syncs  atomic.Int64
 	writes atomic.Int64
+	bytes  atomic.Int64 // written with pwrite, the zero fill left out
 
 	lastSyncs, lastWrites int64 // read by syncsPerOp only, from one goroutine
 }
@@ -121,6 +122,7 @@ func (s *diskSystem) writer() {
 			err = fdatasync(s.f)
 		}
 		off += int64(len(buf))
+		s.bytes.Add(int64(len(buf)))
 		s.syncs.Add(1)
 		s.writes.Add(int64(len(waiting)))
 		for _, c := range waiting {
@@ -152,6 +154,8 @@ func (s *diskSystem) syncsPerOp() float64 {
 	}
 	return float64(ds) / float64(dw)
 }
+
+func (s *diskSystem) bytesWritten() uint64 { return uint64(s.bytes.Load()) }
 
 func (s *diskSystem) close() error {
 	close(s.stop)

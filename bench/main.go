@@ -2,17 +2,18 @@
 // on this machine, in one run, interleaved, so that every ratio it prints
 // compares figures taken under the same conditions.
 //
-//	go run ./bench [-duration 3s] [-conc 1,16,64] [-rounds 3] [-systems ...] [-out DIR] [-pg DSN] [-redis ADDR]
+//	go run ./bench [-duration 3s] [-conc 1,16,64] [-rounds 3] [-systems ...] [-out DIR] [-pg DSN] [-redis ADDR] [-drain 5s]
 //
 // Workloads: "claim+complete" is one durable claim (fingerprint, state in
 // progress, expiry) followed by one durable completion with a 1 KiB body,
 // on fresh UUIDv4 keys spread over 100 tenants; "replay" answers retries
 // of the keys completed last, "replay-all" retries of any key completed in
-// the run. It prints a Markdown table with ratios to the
-// baselines and the goals, and writes it with two SVG charts
-// (throughput.svg, p99.svg) to -out. Embedded stores live in a temporary
-// directory under -data (not /tmp, which may be memory), removed at the
-// end. bench/run.sh starts PostgreSQL and Redis and runs everything.
+// the run. A claim+complete row also gives the bytes the block device
+// holding the system's files wrote per operation (wear.go). It prints a
+// Markdown table with ratios to the baselines and the goals, and
+// writes it with two SVG charts (throughput.svg, p99.svg) to -out.
+// Embedded stores live in a temporary directory under -data (not /tmp,
+// which may be memory), removed at the end. bench/run.sh starts PostgreSQL and Redis and runs everything.
 package main
 
 import (
@@ -43,11 +44,18 @@ func main() {
 	pgDSN := flag.String("pg", "", "PostgreSQL connection string, for the postgres, pgstore and proxy-pg-N systems (e.g. postgres://user@127.0.0.1:55432/db)")
 	redisAddr := flag.String("redis", "", "Redis address, for the redis system; the server must run appendonly yes, appendfsync always")
 	rounds := flag.Int("rounds", 3, "how many times each cell runs, interleaved; the table shows the median run")
+	pgData := flag.String("pg-data", "", "the -pg server's data directory, for bytes-written/op (default: the server's data_directory, when it runs on this machine)")
+	redisData := flag.String("redis-data", "", "the -redis server's directory, for bytes-written/op (default: the server's dir, when it runs on this machine)")
+	pgCheckpoint := flag.Bool("pg-checkpoint", true, "end each claim+complete cell of a PostgreSQL system with a CHECKPOINT, so that its bytes-written/op counts the table pages the cell dirtied (it also makes the next cell log full page images)")
+	drain := flag.Duration("drain", 5*time.Second, "longest wait, before and after each claim+complete cell, for the system's deferred writes and for the devices to fall quiet")
 	flag.Parse()
 
 	cfg, err := parseConfig(*concList, *systemList)
 	if err == nil && *rounds < 1 {
 		err = fmt.Errorf("bad -rounds %d: at least 1", *rounds)
+	}
+	if err == nil && *drain < 0 {
+		err = fmt.Errorf("bad -drain %s: not negative", *drain)
 	}
 	if err == nil && *bodySize < 0 {
 		err = fmt.Errorf("bad -body %d: not negative", *bodySize)
@@ -62,6 +70,7 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.duration, cfg.bodies, cfg.rounds = *duration, newBodies(*bodySize), *rounds
+	cfg.wear, cfg.drain = wearFlags{pgData: *pgData, redisData: *redisData, pgCheckpoint: *pgCheckpoint}, *drain
 	res, err := run(context.Background(), cfg, *dataDir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -106,6 +115,8 @@ type config struct {
 	pgDSN     string
 	redisAddr string
 	rounds    int // runs of each cell
+	wear      wearFlags
+	drain     time.Duration // -drain
 }
 
 func (c config) maxConc() int { return slices.Max(c.concs) }
@@ -163,7 +174,18 @@ type row struct {
 	elapsed    time.Duration
 	p50, p99   time.Duration
 	syncsPerOp float64
-	lo, hi     float64 // ops/s of the cell's slowest and fastest run
+	wear       *cellWear // bytes written, in claim+complete cells
+	lo, hi     float64   // ops/s of the cell's slowest and fastest run
+}
+
+// cellWear is what a claim+complete cell wrote.
+type cellWear struct {
+	dev        float64 // bytes the device wrote per operation, background subtracted
+	background float64 // the background subtracted, per operation
+	noDev      string  // why there is no dev figure, as the table shows it
+	own        float64 // bytes the system counts it wrote per operation
+	ownOK      bool
+	quiet      bool // the drains before and after the cell fell quiet
 }
 
 func (r row) rate() float64 { return float64(r.ops) / r.elapsed.Seconds() }
@@ -176,18 +198,21 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 	}
 	defer os.RemoveAll(root)
 	systems := map[string]system{}
+	envs := map[string]env{}
 	done := map[string]*opLog{}
 	for _, name := range cfg.systems {
-		s, err := openers[name](env{
+		e := env{
 			dir: filepath.Join(root, name), maxConc: cfg.maxConc(), bodies: cfg.bodies,
 			pgDSN: cfg.pgDSN, redisAddr: cfg.redisAddr,
-		})
+		}
+		s, err := openers[name](e)
 		if err != nil {
 			return res, fmt.Errorf("open %s: %w", name, err)
 		}
 		defer s.close()
-		systems[name], done[name] = s, &opLog{}
+		systems[name], envs[name], done[name] = s, e, &opLog{}
 	}
+	wear := newWearSources(ctx, host, cfg, systems, envs)
 	// Interleave: every system runs each cell before the next cell starts,
 	// so slow drift of the machine hits them all alike. Runs of the same
 	// cell vary by 10-15% on a shared disk, more than some goals' margins,
@@ -230,6 +255,11 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 		if cs, ok := s.(cellStarter); ok {
 			cs.startCell(c.conc)
 		}
+		w := wear[c.system]
+		before, err := w.begin(ctx, host, cfg.drain, min(cfg.duration, maxBackgroundWindow))
+		if err != nil {
+			return row{}, fmt.Errorf("drain: %w", err)
+		}
 		s.syncsPerOp() // start counting here
 		r, err := measure(ctx, c.conc, cfg.duration, func(rng *rand.Rand) error {
 			o := newOp(rng.IntN(100))
@@ -239,8 +269,20 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 			log.add(o)
 			return nil
 		})
+		if err != nil {
+			return r, err
+		}
 		r.syncsPerOp = s.syncsPerOp()
-		return r, err
+		after, err := w.end(ctx, host, cfg.drain)
+		if err != nil {
+			return row{}, fmt.Errorf("drain: %w", err)
+		}
+		cw := cellWearOf(before, after, r.ops)
+		if len(w.devs) == 0 {
+			cw.dev, cw.background, cw.noDev = 0, 0, w.noDev
+		}
+		r.wear = &cw
+		return r, nil
 	})
 	if err != nil {
 		return res, err

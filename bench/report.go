@@ -75,11 +75,11 @@ func markdown(res results) string {
 	if rounds {
 		b.WriteString(" runs |")
 	}
-	b.WriteString(" p50 | p99 | syncs/op |")
+	b.WriteString(" p50 | p99 | syncs/op | bytes-written/op | own bytes/op |")
 	for _, i := range present {
 		b.WriteString(" " + baselines[i].heading + " |")
 	}
-	b.WriteString("\n|---|---:|---|---:|" + strings.Repeat("---:|", 3+len(present)))
+	b.WriteString("\n|---|---:|---|---:|" + strings.Repeat("---:|", 5+len(present)))
 	if rounds {
 		b.WriteString("---:|")
 	}
@@ -97,7 +97,7 @@ func markdown(res results) string {
 			}
 			b.WriteString(" " + spread + " |")
 		}
-		fmt.Fprintf(&b, " %s | %s | %s |", round(r.p50), round(r.p99), syncs)
+		fmt.Fprintf(&b, " %s | %s | %s | %s | %s |", round(r.p50), round(r.p99), syncs, r.wear.devCell(), r.wear.ownCell())
 		for _, i := range present {
 			cell := ""
 			if br, ok := res.find(r.workload, baselines[i].system, r.conc); ok {
@@ -118,11 +118,15 @@ func markdown(res results) string {
 		}
 		b.WriteString(".")
 	}
+	if n := noisyCells(res.rows); n > 0 {
+		fmt.Fprintf(&b, " A bytes-written/op marked * comes from a cell whose device did not fall quiet within -drain (%s) before or after it (%d of them), so it holds what was still being written.", res.cfg.drain, n)
+	}
 	if res.overhead != nil {
 		fmt.Fprintf(&b, " Middleware, one request at a time on an in-memory store (the median of %d runs): no-op handler %s bare, %s behind idemhttp.",
 			max(1, res.cfg.rounds), round(res.overhead.bare), round(res.overhead.wrapped))
 	}
 	b.WriteString("\n")
+	b.WriteString(wearTable(res))
 	if gs := goals(res); len(gs) > 0 {
 		b.WriteString("\nGoals, from this run:\n\n| goal | measured | |\n|---|---|---|\n")
 		for _, g := range gs {
@@ -232,6 +236,71 @@ func goals(res results) []goal {
 		})
 	}
 	return gs
+}
+
+// devCell is the bytes-written/op column: the device's bytes per
+// operation, or why there is no figure; empty outside claim+complete.
+func (w *cellWear) devCell() string {
+	switch {
+	case w == nil:
+		return ""
+	case w.noDev != "":
+		return w.noDev
+	case !w.quiet:
+		return fmt.Sprintf("%.0f*", w.dev)
+	}
+	return fmt.Sprintf("%.0f", w.dev)
+}
+
+// ownCell is the own bytes/op column: what the system counts it wrote.
+func (w *cellWear) ownCell() string {
+	if w == nil || !w.ownOK {
+		return ""
+	}
+	return fmt.Sprintf("%.0f", w.own)
+}
+
+func noisyCells(rows []row) int {
+	n := 0
+	for _, r := range rows {
+		if r.wear != nil && r.wear.noDev == "" && !r.wear.quiet {
+			n++
+		}
+	}
+	return n
+}
+
+// wearTable renders the claim+complete rows' bytes written with their
+// ratios to idem's and disk's in the same cell, when the run counted a
+// device for any of them.
+func wearTable(res results) string {
+	var rows []row
+	for _, r := range res.rows {
+		if r.workload == workClaim && r.wear != nil {
+			rows = append(rows, r)
+		}
+	}
+	if !slices.ContainsFunc(rows, func(r row) bool { return r.wear.noDev == "" }) {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\nBytes written per claim+complete, from the device's own counters, less what the rest of the machine wrote at the rate measured before each cell (subtracted):\n\n")
+	b.WriteString("| conc | system | bytes-written/op | subtracted | own bytes/op | vs idem | vs disk |\n|---:|---|---:|---:|---:|---:|---:|\n")
+	ratio := func(r row, base string) string {
+		br, ok := res.find(workClaim, base, r.conc)
+		if !ok || br.wear == nil || br.wear.noDev != "" || r.wear.noDev != "" || br.wear.dev == 0 {
+			return ""
+		}
+		return fmt.Sprintf("%.2fx", r.wear.dev/br.wear.dev)
+	}
+	for _, r := range rows {
+		bg := ""
+		if r.wear.noDev == "" {
+			bg = fmt.Sprintf("%.0f", r.wear.background)
+		}
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s |\n", r.conc, r.system, r.wear.devCell(), bg, r.wear.ownCell(), ratio(r, "idem"), ratio(r, "disk"))
+	}
+	return b.String()
 }
 
 func round(d time.Duration) string {

@@ -207,6 +207,30 @@ func (s *pebbleSystem) replay(ctx context.Context, o op) ([]byte, error) {
 
 func (s *pebbleSystem) syncsPerOp() float64 { return 0 }
 
+// bytesWritten is what Pebble counts it wrote to its files: the WAL, the
+// tables and blob files of flushes and of compactions.
+func (s *pebbleSystem) bytesWritten() uint64 {
+	m := s.db.Metrics()
+	t := m.Total() // its flushed bytes include the WAL's
+	return t.TableBytesFlushed + t.TableBytesCompacted + t.BlobBytesFlushed + t.BlobBytesCompacted
+}
+
+// settle waits until no flush or compaction runs, so that those a cell
+// started are written within it.
+func (s *pebbleSystem) settle(ctx context.Context) error {
+	for {
+		m := s.db.Metrics()
+		if m.Compact.NumInProgress == 0 && m.Flush.NumInProgress == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 func (s *pebbleSystem) close() error { return s.db.Close() }
 
 type quietLogger struct{}
