@@ -39,12 +39,20 @@ func crashBody(i int) []byte {
 // their leases in every way, takes a crash image of the filesystem at a
 // random moment, and reopens the image: everything acknowledged before the
 // image was taken must be there, and nothing else may be half there.
+//
+// Every other round runs under the smallest memory budget, whose memtables
+// fill within the round, so that the image catches flushes, blob files
+// and compactions too.
 func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 	for round, unsynced := range []int{0, 10, 50, 90, 100, 30} {
-		t.Run(fmt.Sprintf("unsynced=%d", unsynced), func(t *testing.T) {
+		memory := int64(0)
+		if round%2 == 1 {
+			memory = 4 << 20
+		}
+		t.Run(fmt.Sprintf("unsynced=%d,memory=%d", unsynced, memory), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(round), 7))
 			fs := vfs.NewCrashableMem()
-			opts := &idem.Options{FS: fs, SweepInterval: -1, InlineBodyBytes: 64 << 10, MaxBodyBytes: 1 << 20}
+			opts := &idem.Options{FS: fs, SweepInterval: -1, InlineBodyBytes: 64 << 10, MaxBodyBytes: 1 << 20, MemoryBytes: memory}
 			db, err := idem.Open("db", opts)
 			require.NoError(t, err)
 
@@ -119,7 +127,7 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 			wg.Wait()
 			require.NoError(t, db.Close())
 
-			after, err := idem.Open("db", &idem.Options{FS: image, SweepInterval: -1, InlineBodyBytes: 64 << 10, MaxBodyBytes: 1 << 20})
+			after, err := idem.Open("db", &idem.Options{FS: image, SweepInterval: -1, InlineBodyBytes: 64 << 10, MaxBodyBytes: 1 << 20, MemoryBytes: memory})
 			require.NoError(t, err, "the crash image must open")
 			defer after.Close()
 			idem.RequireConsistent(t, after, "no write may be half applied")

@@ -175,19 +175,27 @@ func (c *killCampaign) observeAfterKill(k *keyRun, r reply) {
 	}
 }
 
+// TestKillCampaign runs the campaign on the default sizing and, with half
+// the kills, under the smallest memory budget, whose store flushes and
+// compacts all the time.
 func TestKillCampaign(t *testing.T) {
+	t.Run("default", func(t *testing.T) { killCampaignRun(t, *kills) })
+	t.Run("memory=4MiB", func(t *testing.T) { killCampaignRun(t, max(1, *kills/2), "--memory", "4MiB") })
+}
+
+func killCampaignRun(t *testing.T, kills int, extra ...string) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	up := startUpstream(t, 15*time.Millisecond)
 	data := t.TempDir()
-	args := proxyArgs(data, "127.0.0.1:"+freePort(t), up.url, "--lease", killLease.String())
+	args := proxyArgs(data, "127.0.0.1:"+freePort(t), up.url, append([]string{"--lease", killLease.String()}, extra...)...)
 	c := &killCampaign{}
 	client := newClient()
 
 	proxy, url := startProxy(t, args)
 	var inFlightKills, startupKills int
-	for round := 1; round <= *kills; round++ {
+	for round := 1; round <= kills; round++ {
 		keys := newRoundKeys(rng, "r", round)
 		c.keys = append(c.keys, keys...)
 
