@@ -32,6 +32,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemkv/idem/bench/device"
 )
 
 func main() {
@@ -212,6 +214,7 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 		defer s.close()
 		systems[name], envs[name], done[name] = s, e, &opLog{}
 	}
+	host := device.Local()
 	wear := newWearSources(ctx, host, cfg, systems, envs)
 	// Interleave: every system runs each cell before the next cell starts,
 	// so slow drift of the machine hits them all alike. Runs of the same

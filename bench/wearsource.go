@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkv/idem/bench/device"
 )
 
 // ownWriter is implemented by systems that count the bytes they write to
@@ -37,7 +39,7 @@ type wearFlags struct {
 // nothing, and counts the device that would hold its directory, which
 // shows the device's background); the systems on a server write to its
 // data directory, which the flags name or the server reports.
-func newWearSources(ctx context.Context, h hostView, cfg config, systems map[string]system, envs map[string]env) map[string]*wearSource {
+func newWearSources(ctx context.Context, h device.Host, cfg config, systems map[string]system, envs map[string]env) map[string]*wearSource {
 	out := map[string]*wearSource{}
 	var pg, rd *wearSource
 	for name, s := range systems {
@@ -76,13 +78,13 @@ func usesPG(name string) bool {
 
 // locate finds the devices holding dirs, or says in noDev why there are
 // none, and the reason on standard error.
-func (w *wearSource) locate(h hostView, dirs ...string) {
-	devs, err := h.devices(dirs)
+func (w *wearSource) locate(h device.Host, dirs ...string) {
+	devs, err := h.Devices(dirs)
 	if err != nil {
 		w.noDev = "n/a"
-		var nd *noDeviceError
+		var nd *device.NoDeviceError
 		if errors.As(err, &nd) {
-			w.noDev = nd.short
+			w.noDev = nd.Short
 		}
 		fmt.Fprintf(os.Stderr, "bench: bytes-written/op of %s is %s: %v\n", strings.Join(dirs, ", "), w.noDev, err)
 		return
@@ -96,7 +98,7 @@ func (w *wearSource) locate(h hostView, dirs ...string) {
 // its settle is a CHECKPOINT, which writes the pages a cell dirtied to
 // the tables, where they would otherwise wait for the next timed
 // checkpoint, after the cell or after the run.
-func pgWearSource(ctx context.Context, h hostView, dsn, dataDir string, checkpoint bool) *wearSource {
+func pgWearSource(ctx context.Context, h device.Host, dsn, dataDir string, checkpoint bool) *wearSource {
 	w := &wearSource{}
 	if dataDir == "" {
 		var err error
@@ -173,7 +175,7 @@ func onThisMachine(host string) bool {
 // (aof_current_size); a rewrite of the AOF shrinks it, and the cell then
 // has no own figure. Redis defers nothing: every write is in the AOF,
 // synced, when it is acknowledged.
-func redisWearSource(ctx context.Context, h hostView, addr, dir string) *wearSource {
+func redisWearSource(ctx context.Context, h device.Host, addr, dir string) *wearSource {
 	w := &wearSource{}
 	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1})
 	aofDir := ""

@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/bench/device"
 )
 
 // config is what one child runs.
@@ -192,8 +193,8 @@ func runChild(c config) (result, error) {
 		return res, err
 	}
 	ctx := context.Background()
-	dev := deviceOf(dir)
-	devBefore := dev.written()
+	devWritten := deviceCounter(dir)
+	devBefore := devWritten()
 	written0, syncs0 := figures(ctx, db)
 
 	start := time.Now()
@@ -222,8 +223,8 @@ func runChild(c config) (result, error) {
 	res.SyncsPerOp = float64(syncs1-syncs0) / ops
 	res.LogicalPerOp = float64(load.logical.Load()) / ops
 	res.DeviceBytes = -1
-	if devBefore >= 0 {
-		res.DeviceBytes = dev.written() - devBefore
+	if devAfter := devWritten(); devBefore >= 0 && devAfter >= 0 {
+		res.DeviceBytes = devAfter - devBefore
 	}
 
 	skew.Store(int64(opts.TTL + 2*24*time.Hour))
@@ -351,6 +352,24 @@ func figures(ctx context.Context, db *idem.DB) (written, syncs int64) {
 	w, _ := m.Figure(idem.FigureBytesWritten)
 	s, _ := m.Figure(idem.FigureSyncs)
 	return int64(w), int64(s)
+}
+
+// deviceCounter returns a reading of the bytes the kernel has written
+// since boot to the block device that holds dir, -1 when there is no such
+// device or its counter cannot be read.
+func deviceCounter(dir string) func() int64 {
+	h := device.Local()
+	d, err := h.Find(dir)
+	return func() int64 {
+		if err != nil {
+			return -1
+		}
+		n, err := h.SectorsWritten(d)
+		if err != nil {
+			return -1
+		}
+		return int64(n) * device.SectorBytes
+	}
 }
 
 // procStatus returns a "kB" field of /proc/self/status in bytes, or -1.

@@ -1,9 +1,10 @@
-package main
+package device
 
 import "syscall"
 
-// host is this machine's view: its own /proc and /sys.
-var host = hostView{root: "/", devOf: statDev}
+// Local returns this machine's view: its own /proc and /sys, and st_dev
+// from stat(2).
+func Local() Host { return Host{Root: "/", DevOf: statDev} }
 
 // statDev returns the major and minor numbers of the device of the
 // filesystem holding path, as Linux encodes them in st_dev.
@@ -18,6 +19,6 @@ func statDev(path string) (major, minor uint32, err error) {
 	return major, minor, nil
 }
 
-// syncAll writes every filesystem's dirty pages to its device, so that
+// SyncAll writes every filesystem's dirty pages to its device, so that
 // the page cache's deferred writeback lands before a counter is read.
-func syncAll() { syscall.Sync() }
+func SyncAll() { syscall.Sync() }
