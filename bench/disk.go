@@ -155,7 +155,9 @@ func (s *diskSystem) syncsPerOp() float64 {
 	return float64(ds) / float64(dw)
 }
 
-func (s *diskSystem) bytesWritten() uint64 { return uint64(s.bytes.Load()) }
+func (s *diskSystem) bytesWritten(context.Context) (uint64, error) {
+	return uint64(s.bytes.Load()), nil
+}
 
 func (s *diskSystem) close() error {
 	close(s.stop)

@@ -145,6 +145,10 @@ func (s *httpSystem) replay(ctx context.Context, o op) ([]byte, error) {
 
 func (s *httpSystem) syncsPerOp() float64 { return dbSyncsPerOp(s.db, &s.syncs) }
 
+func (s *httpSystem) bytesWritten(ctx context.Context) (uint64, error) {
+	return dbBytesWritten(ctx, s.db)
+}
+
 func (s *httpSystem) close() error {
 	s.client.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -96,6 +96,21 @@ func dbSyncsPerOp(db *idem.DB, c *syncCounter) float64 {
 	return c.perOp(commits, syncs)
 }
 
+// dbBytesWritten is what the embedded store counts it wrote to its
+// files (idem.FigureBytesWritten): logs and the zeros kept ahead of them,
+// tables, blob files, manifests.
+func dbBytesWritten(ctx context.Context, db *idem.DB) (uint64, error) {
+	m, err := db.Metrics(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := m.Figure(idem.FigureBytesWritten)
+	if !ok {
+		return 0, errors.New("bench: the store's metrics have no " + idem.FigureBytesWritten)
+	}
+	return uint64(n), nil
+}
+
 func openIdem(e env) (system, error) {
 	db, err := idem.Open(e.dir, nil)
 	if err != nil {
@@ -126,6 +141,10 @@ func (s *idemSystem) replay(ctx context.Context, o op) ([]byte, error) {
 }
 
 func (s *idemSystem) syncsPerOp() float64 { return dbSyncsPerOp(s.db, &s.syncs) }
+
+func (s *idemSystem) bytesWritten(ctx context.Context) (uint64, error) {
+	return dbBytesWritten(ctx, s.db)
+}
 
 func (s *idemSystem) close() error { return s.db.Close() }
 
@@ -209,10 +228,10 @@ func (s *pebbleSystem) syncsPerOp() float64 { return 0 }
 
 // bytesWritten is what Pebble counts it wrote to its files: the WAL, the
 // tables and blob files of flushes and of compactions.
-func (s *pebbleSystem) bytesWritten() uint64 {
+func (s *pebbleSystem) bytesWritten(context.Context) (uint64, error) {
 	m := s.db.Metrics()
 	t := m.Total() // its flushed bytes include the WAL's
-	return t.TableBytesFlushed + t.TableBytesCompacted + t.BlobBytesFlushed + t.BlobBytesCompacted
+	return t.TableBytesFlushed + t.TableBytesCompacted + t.BlobBytesFlushed + t.BlobBytesCompacted, nil
 }
 
 // settle waits until no flush or compaction runs, so that those a cell

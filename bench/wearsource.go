@@ -19,7 +19,9 @@ import (
 
 // ownWriter is implemented by systems that count the bytes they write to
 // their files: a running total since they opened.
-type ownWriter interface{ bytesWritten() uint64 }
+type ownWriter interface {
+	bytesWritten(ctx context.Context) (uint64, error)
+}
 
 // settler is implemented by systems that can wait for the writes they
 // defer, such as compactions, to finish.
@@ -59,7 +61,7 @@ func newWearSources(ctx context.Context, h device.Host, cfg config, systems map[
 			w = &wearSource{}
 			w.locate(h, envs[name].dir)
 			if o, ok := s.(ownWriter); ok {
-				w.own = func(context.Context) (uint64, error) { return o.bytesWritten(), nil }
+				w.own = o.bytesWritten
 			}
 			if st, ok := s.(settler); ok {
 				w.settle = st.settle

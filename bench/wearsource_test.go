@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -34,5 +36,30 @@ func TestOnThisMachine(t *testing.T) {
 func TestUsesPG(t *testing.T) {
 	for name, want := range map[string]bool{"postgres": true, "pgstore": true, "proxy-pg-2": true, "idem-proxy": false, "redis": false} {
 		assert.Equal(t, want, usesPG(name), name)
+	}
+}
+
+// TestOwnBytesOfTheEmbeddedStore checks that the systems on the embedded
+// store in this process fill the own column: their count grows with a
+// claim+complete.
+func TestOwnBytesOfTheEmbeddedStore(t *testing.T) {
+	ctx := context.Background()
+	e := env{maxConc: 2, bodies: newBodies(64)}
+	for _, name := range []string{"idem", "idem-http"} {
+		t.Run("system="+name, func(t *testing.T) {
+			e.dir = filepath.Join(t.TempDir(), name)
+			s, err := openers[name](e)
+			require.NoError(t, err)
+			t.Cleanup(func() { assert.NoError(t, s.close()) })
+			o, ok := s.(ownWriter)
+			require.True(t, ok, "%s counts no bytes of its own", name)
+			before, err := o.bytesWritten(ctx)
+			require.NoError(t, err)
+			op := newOp(7)
+			require.NoError(t, s.claimComplete(ctx, op, e.bodies.of(op.key)))
+			after, err := o.bytesWritten(ctx)
+			require.NoError(t, err)
+			assert.Greater(t, after, before)
+		})
 	}
 }
