@@ -48,6 +48,7 @@ func (db *DB) Metrics(ctx context.Context) (Metrics, error) {
 	}
 	pm := db.pdb.Metrics()
 	commits, syncs := db.commits.Counts()
+	written := db.wal.Written()
 	m.Engine = []Figure{
 		{Name: FigureCommits, Help: "Writes committed through group commit.", Counter: true,
 			Value: float64(commits)},
@@ -60,7 +61,15 @@ func (db *DB) Metrics(ctx context.Context) (Metrics, error) {
 		{Name: FigurePebbleFlushes, Help: "Memtable flushes Pebble ran.", Counter: true,
 			Value: float64(pm.Flush.Count)},
 		{Name: FigureBytesWritten, Help: "Bytes written to the store's files: logs and the zeros kept ahead of them, tables, blob files, manifests.", Counter: true,
-			Value: float64(db.wal.Written())},
+			Value: float64(written.Total())},
+		{Name: FigureLogBytesWritten, Help: "Bytes of records written to the write-ahead logs.", Counter: true,
+			Value: float64(written.Log)},
+		{Name: FigureZeroBytesWritten, Help: "Bytes of zeros written ahead of the logs' ends, so that their syncs change no file size.", Counter: true,
+			Value: float64(written.Zeros)},
+		{Name: FigureTableBytesWritten, Help: "Bytes of sstables written by flushes and compactions.", Counter: true,
+			Value: float64(written.Tables)},
+		{Name: FigureBlobBytesWritten, Help: "Bytes of blob files written by flushes and their rewrites.", Counter: true,
+			Value: float64(written.Blobs)},
 		{Name: FigureDiskBytes, Help: "Space the store occupies on disk.",
 			Value: float64(pm.DiskSpaceUsage())},
 		{Name: FigureReadAmp, Help: "Sstables a read may have to visit.",
@@ -77,6 +86,10 @@ const (
 	FigurePebbleCompactions = "idem_pebble_compactions_total"
 	FigurePebbleFlushes     = "idem_pebble_flushes_total"
 	FigureBytesWritten      = "idem_written_bytes_total"
+	FigureLogBytesWritten   = "idem_written_log_bytes_total"
+	FigureZeroBytesWritten  = "idem_written_zero_bytes_total"
+	FigureTableBytesWritten = "idem_written_table_bytes_total"
+	FigureBlobBytesWritten  = "idem_written_blob_bytes_total"
 	FigureDiskBytes         = "idem_disk_usage_bytes"
 	FigureReadAmp           = "idem_read_amplification"
 )

@@ -18,6 +18,8 @@ func TestChildMeasures(t *testing.T) {
 	assert.Positive(t, res.SyncsPerOp)
 	assert.InDelta(t, 300+len("device")+len("POST /v1/payments")+25+32, res.LogicalPerOp, 1)
 	assert.Greater(t, res.WrittenPerOp, res.LogicalPerOp, "the log alone holds every record")
+	assert.Greater(t, res.Written.Log, res.LogicalPerOp/2, "records are in the log")
+	assert.LessOrEqual(t, res.Written.Log+res.Written.Zeros+res.Written.Tables+res.Written.Blobs, res.WrittenPerOp)
 	assert.Positive(t, res.EmptyFloor)
 	assert.Positive(t, res.ExpiredFloor)
 	assert.Less(t, res.ExpiredFloor, int64(4<<20), "a 4 MiB budget keeps small logs")

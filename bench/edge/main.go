@@ -63,6 +63,9 @@ type result struct {
 	OpsPerSec    float64
 	PeakRSS      int64   // VmHWM after the load, bytes
 	WrittenPerOp float64 // bytes written to the store's files per operation
+	// Written is WrittenPerOp by kind of file: the log's records, the
+	// zeros kept ahead of it, tables, blob files; the rest is manifests.
+	Written      struct{ Log, Zeros, Tables, Blobs float64 }
 	LogicalPerOp float64 // the records' own bytes per operation
 	SyncsPerOp   float64 // log syncs per operation
 	GoHeap       int64   // the Go heap's peak in use over the load (sampled), bytes
@@ -195,7 +198,7 @@ func runChild(c config) (result, error) {
 	ctx := context.Background()
 	devWritten := deviceCounter(dir)
 	devBefore := devWritten()
-	written0, syncs0 := figures(ctx, db)
+	before := figures(ctx, db)
 
 	start := time.Now()
 	load := loader{db: db, body: c.Body}
@@ -218,9 +221,12 @@ func runChild(c config) (result, error) {
 	res.OpsPerSec = ops / elapsed.Seconds()
 	res.PeakRSS = procStatus("VmHWM")
 	res.GoHeap = load.heapPeak.Load()
-	written1, syncs1 := figures(ctx, db)
-	res.WrittenPerOp = float64(written1-written0) / ops
-	res.SyncsPerOp = float64(syncs1-syncs0) / ops
+	after := figures(ctx, db)
+	perOp := func(name string) float64 { return (after[name] - before[name]) / ops }
+	res.WrittenPerOp = perOp(idem.FigureBytesWritten)
+	res.Written.Log, res.Written.Zeros = perOp(idem.FigureLogBytesWritten), perOp(idem.FigureZeroBytesWritten)
+	res.Written.Tables, res.Written.Blobs = perOp(idem.FigureTableBytesWritten), perOp(idem.FigureBlobBytesWritten)
+	res.SyncsPerOp = perOp(idem.FigureSyncs)
 	res.LogicalPerOp = float64(load.logical.Load()) / ops
 	res.DeviceBytes = -1
 	// What the page cache still holds (a manifest's tail, a file's
@@ -345,16 +351,18 @@ func (l *loader) soak(ctx context.Context, conc int, d, sample time.Duration) ([
 	return rss, errors.Join(errs...)
 }
 
-// figures returns the bytes the store has written to its files and the
-// log syncs it has made.
-func figures(ctx context.Context, db *idem.DB) (written, syncs int64) {
+// figures returns the store's engine figures by name, none when they
+// cannot be read.
+func figures(ctx context.Context, db *idem.DB) map[string]float64 {
 	m, err := db.Metrics(ctx)
 	if err != nil {
-		return 0, 0
+		return nil
 	}
-	w, _ := m.Figure(idem.FigureBytesWritten)
-	s, _ := m.Figure(idem.FigureSyncs)
-	return int64(w), int64(s)
+	f := map[string]float64{}
+	for _, e := range m.Engine {
+		f[e.Name] = e.Value
+	}
+	return f
 }
 
 // deviceCounter returns a reading of the bytes the kernel has written

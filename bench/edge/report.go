@@ -62,16 +62,17 @@ func curveTable(c config, budgets []int64, runs map[int64][]result) string {
 	baseOps := median(runs[base]).OpsPerSec
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d claim+complete, %d-byte bodies, %d callers, each synced; median of %d run(s); %s\n\n", c.Records, c.Body, c.Conc, len(runs[base]), build())
-	b.WriteString("| budget | peak RSS | Go heap | ops/s | vs " + budgetName(base) + " | written B/op | device B/op | records B/op | syncs/op | disk, empty | disk, all expired |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| budget | peak RSS | Go heap | ops/s | vs " + budgetName(base) + " | written B/op | log | zeros | tables | blobs | device B/op | records B/op | syncs/op | disk, empty | disk, all expired |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, bg := range budgets {
 		r := median(runs[bg])
 		dev := "n/a"
 		if r.DeviceBytes >= 0 {
 			dev = fmt.Sprintf("%.0f", float64(r.DeviceBytes)/float64(c.Records))
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.2fx | %.0f | %s | %.0f | %.2f | %s | %s |\n", budgetName(bg), mib(r.PeakRSS), mib(r.GoHeap), r.OpsPerSec, r.OpsPerSec/baseOps,
-			r.WrittenPerOp, dev, r.LogicalPerOp, r.SyncsPerOp, mib(r.EmptyFloor), mib(r.ExpiredFloor))
+		w := r.Written
+		fmt.Fprintf(&b, "| %s | %s | %s | %.0f | %.2fx | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.0f | %.2f | %s | %s |\n", budgetName(bg), mib(r.PeakRSS), mib(r.GoHeap), r.OpsPerSec, r.OpsPerSec/baseOps,
+			r.WrittenPerOp, w.Log, w.Zeros, w.Tables, w.Blobs, dev, r.LogicalPerOp, r.SyncsPerOp, mib(r.EmptyFloor), mib(r.ExpiredFloor))
 	}
 	return b.String()
 }

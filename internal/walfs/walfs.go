@@ -47,30 +47,68 @@ type FS struct {
 	chunk int64            // zeros written by one fill
 	fatal func(msg string) // ends the process on a failed log or blob file operation; returns only in tests
 	live  atomic.Bool      // set by SetLive once Pebble is open, cleared when it closes
-	// written counts the bytes written to every file Pebble creates:
-	// logs and their zeros, tables, blob files, manifests. Flash wears
-	// with what is written, and Pebble's own metrics leave out the zeros.
-	written atomic.Int64
+	// written counts the bytes written to every file Pebble creates, by
+	// kind: flash wears with what is written, and Pebble's own metrics
+	// leave out the zeros.
+	written [numKinds]atomic.Int64
 }
 
-// Written returns the bytes written so far through fs.
-func (fs *FS) Written() int64 { return fs.written.Load() }
+// The kinds of file Written tells apart.
+const (
+	kindLog = iota
+	kindZeros
+	kindTables
+	kindBlobs
+	kindOther
+	numKinds
+)
 
-// countFile counts what is written through it into fs.written.
+// Written is what an FS has written, in bytes, by kind of file.
+type Written struct {
+	Log    int64 // the write-ahead logs' records
+	Zeros  int64 // the zeros kept ahead of the logs
+	Tables int64 // sstables: flushes and compactions
+	Blobs  int64 // blob files: flushes, and rewrites of their garbage
+	Other  int64 // manifests and options files
+}
+
+// Total is every byte written.
+func (w Written) Total() int64 { return w.Log + w.Zeros + w.Tables + w.Blobs + w.Other }
+
+// Written returns the bytes written so far through fs.
+func (fs *FS) Written() Written {
+	n := func(k int) int64 { return fs.written[k].Load() }
+	return Written{Log: n(kindLog), Zeros: n(kindZeros), Tables: n(kindTables), Blobs: n(kindBlobs), Other: n(kindOther)}
+}
+
+// kindOf is the kind of a file Pebble creates, by its name.
+func kindOf(name string) int {
+	switch {
+	case strings.HasSuffix(name, ".log"):
+		return kindLog
+	case strings.HasSuffix(name, ".sst"):
+		return kindTables
+	case strings.HasSuffix(name, ".blob"):
+		return kindBlobs
+	}
+	return kindOther
+}
+
+// countFile counts what is written through it into n.
 type countFile struct {
 	vfs.File
-	fs *FS
+	n *atomic.Int64
 }
 
 func (c *countFile) Write(p []byte) (int, error) {
 	n, err := c.File.Write(p)
-	c.fs.written.Add(int64(n))
+	c.n.Add(int64(n))
 	return n, err
 }
 
 func (c *countFile) WriteAt(p []byte, off int64) (int, error) {
 	n, err := c.File.WriteAt(p, off)
-	c.fs.written.Add(int64(n))
+	c.n.Add(int64(n))
 	return n, err
 }
 
@@ -142,7 +180,7 @@ func (fs *FS) OpenReadWrite(name string, category vfs.DiskWriteCategory, opts ..
 	if err != nil {
 		return f, err
 	}
-	return &countFile{File: f, fs: fs}, nil
+	return &countFile{File: f, n: &fs.written[kindOf(name)]}, nil
 }
 
 // OpenDir wraps the store's directories, whose syncs make a new log's name
@@ -172,8 +210,8 @@ func (fs *FS) check(op, name string, err error) error {
 }
 
 func (fs *FS) wrap(f vfs.File, name string, category vfs.DiskWriteCategory, err error) (vfs.File, error) {
-	if err == nil {
-		f = &countFile{File: f, fs: fs}
+	if err == nil && category != walCategory {
+		f = &countFile{File: f, n: &fs.written[kindOf(name)]}
 	}
 	if err == nil && strings.HasSuffix(name, ".blob") {
 		return &blobFile{File: f, fs: fs, name: name}, nil
@@ -279,6 +317,7 @@ func (w *walFile) Write(p []byte) (int, error) {
 	w.mu.Unlock()
 
 	n, err := w.File.Write(p)
+	w.fs.written[kindLog].Add(int64(n))
 
 	w.mu.Lock()
 	w.end += int64(n)
@@ -326,7 +365,9 @@ func (w *walFile) fill(off int64) {
 func (w *walFile) writeZeros(off int64) error {
 	for done := int64(0); done < w.fs.chunk; {
 		n := min(w.fs.chunk-done, int64(len(zeros)))
-		if _, err := w.File.WriteAt(zeros[:n], off+done); err != nil {
+		m, err := w.File.WriteAt(zeros[:n], off+done)
+		w.fs.written[kindZeros].Add(int64(m))
+		if err != nil {
 			return err
 		}
 		done += n

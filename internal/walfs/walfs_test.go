@@ -55,6 +55,16 @@ func TestWALFileKeepsZerosAheadAndNeverOverwritesTheLog(t *testing.T) {
 	assert.Zero(t, bytes.IndexFunc(got[len(want):], func(r rune) bool { return r != 0 })+1,
 		"only zeros follow the log")
 	assert.Greater(t, len(got)-len(want), 0, "zeros are kept ahead of the log's end")
+	assert.Equal(t, Written{Log: int64(len(want)), Zeros: int64(fills) * 16 << 10}, fs.Written(),
+		"the log's bytes and the fills' zeros are counted apart")
+
+	table, err := fs.Create(filepath.Join(t.TempDir(), "000002.sst"), "sstable")
+	require.NoError(t, err)
+	_, err = table.Write(make([]byte, 100))
+	require.NoError(t, err)
+	require.NoError(t, table.Close())
+	assert.Equal(t, int64(100), fs.Written().Tables)
+	assert.Equal(t, int64(len(want))+int64(fills)*16<<10+100, fs.Written().Total())
 }
 
 func TestWALFileReusedLogKeepsItsOldBlocks(t *testing.T) {
