@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -445,6 +447,9 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 			pr.SetURL(target)
 			pr.SetXForwarded()
 			hideKeyFromTransport(pr.Out.Header)
+			if inMemoryBody(pr.In.Body) {
+				pr.Out.Body = pr.In.Body
+			}
 		},
 		// The middleware already set the fields of the contract on the
 		// response; an upstream that echoes the key too would otherwise
@@ -518,6 +523,34 @@ func applyOutcome(res *http.Response, log *slog.Logger) {
 		log.Warn("idem proxy: the upstream's "+contract.HeaderOutcome+" is not release, unknown or store; ignored",
 			"method", res.Request.Method, "path", res.Request.URL.Path, "value", v)
 	}
+}
+
+// The two types io.NopCloser returns. The middleware hands on a request
+// body it has read whole as io.NopCloser(bytes.NewReader(body)).
+var (
+	nopCloserType         = reflect.TypeOf(io.NopCloser(struct{ io.Reader }{}))
+	nopCloserWriterToType = reflect.TypeOf(io.NopCloser(bytes.NewReader(nil)))
+)
+
+// inMemoryBody reports whether body is an io.NopCloser around a
+// *bytes.Reader, *bytes.Buffer or *strings.Reader: reading it never waits
+// for the client, and closing it does nothing.
+//
+// ReverseProxy wraps every outgoing body in a reader of its own, so that
+// the Transport's Close cannot reach the client's body. The Transport
+// then no longer recognises a body held in memory, and writes the request
+// head and the body in two writes, each a segment of its own, the
+// upstream waking twice. Such a body needs no protection from Close, so
+// the proxy gives it to the Transport as it is.
+func inMemoryBody(body io.ReadCloser) bool {
+	if t := reflect.TypeOf(body); t != nopCloserType && t != nopCloserWriterToType {
+		return false
+	}
+	switch reflect.ValueOf(body).Field(0).Interface().(type) {
+	case *bytes.Reader, *bytes.Buffer, *strings.Reader:
+		return true
+	}
+	return false
 }
 
 // hideKeyFromTransport stores the idempotency key fields under their

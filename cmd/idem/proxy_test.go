@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -744,6 +745,29 @@ func TestProxyUsage(t *testing.T) {
 			assert.Contains(t, r.stderr, c.stderr)
 			assert.Contains(t, r.stderr, "usage: idem proxy")
 			assert.Empty(t, r.stdout)
+		})
+	}
+}
+
+// TestInMemoryBody: only a body the middleware has read whole is handed to
+// the Transport unwrapped; a body still arriving from the client is not.
+func TestInMemoryBody(t *testing.T) {
+	cases := []struct {
+		name string
+		body io.ReadCloser
+		want bool
+	}{
+		{"bytes.Reader", io.NopCloser(bytes.NewReader([]byte("{}"))), true},
+		{"strings.Reader", io.NopCloser(strings.NewReader("{}")), true},
+		{"bytes.Buffer", io.NopCloser(bytes.NewBufferString("{}")), true},
+		{"other reader", io.NopCloser(io.LimitReader(strings.NewReader("{}"), 2)), false},
+		{"connection", io.NopCloser(&net.TCPConn{}), false},
+		{"not a NopCloser", http.NoBody, false},
+		{"none", nil, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.want, inMemoryBody(c.body))
 		})
 	}
 }
