@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -127,6 +129,56 @@ func openIdemProxy(e env) (system, error) {
 	s.syncsPerOp() // start counting here
 	return s, nil
 }
+
+func init() { openers["proxy-hop"] = openProxyHop }
+
+// proxyHopSystem is idem-proxy's two processes without the idempotency
+// work: the same binary and upstream, sent GET requests, which the proxy
+// forwards unrecorded. Set beside upstream in the same run, its row is
+// what putting the proxy's process between client and upstream costs by
+// itself, a bound on how close idem-proxy can come to idem-http: the proxy
+// does all that idem-http does, and this too. Nothing is stored, so it has
+// no replay rows.
+type proxyHopSystem struct{ *proxySystem }
+
+func openProxyHop(e env) (system, error) {
+	s, err := openIdemProxy(e)
+	if err != nil {
+		return nil, err
+	}
+	return proxyHopSystem{s.(*proxySystem)}, nil
+}
+
+func (s proxyHopSystem) claimComplete(ctx context.Context, o op, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.urls[0], nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Idempotency-Key", o.key)
+	req.Header.Set(tenantHeader, o.tenant)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	switch {
+	case err != nil:
+		return err
+	case resp.StatusCode != http.StatusCreated:
+		return fmt.Errorf("bench: GET through the proxy answered %d: %s", resp.StatusCode, bytes.TrimSpace(b))
+	case resp.Header.Get("Idempotent-Replayed") != "":
+		return errors.New("bench: the proxy recorded a GET")
+	}
+	return nil
+}
+
+func (proxyHopSystem) replay(context.Context, op) ([]byte, error) {
+	return nil, errors.New("bench: the proxy stores no GET to replay")
+}
+
+func (proxyHopSystem) noReplay()           {}
+func (proxyHopSystem) syncsPerOp() float64 { return 0 }
 
 // startUpstream serves the handler every HTTP system answers with on
 // loopback and returns the server and its base URL.
