@@ -130,8 +130,6 @@ func openIdemProxy(e env) (system, error) {
 	return s, nil
 }
 
-func init() { openers["proxy-hop"] = openProxyHop }
-
 // proxyHopSystem is idem-proxy's two processes without the idempotency
 // work: the same binary and upstream, sent GET requests, which the proxy
 // forwards unrecorded. Set beside upstream in the same run, its row is

@@ -15,9 +15,10 @@ import (
 func TestProxyRows(t *testing.T) {
 	ctx := context.Background()
 	e := env{maxConc: 2, bodies: newBodies(64)}
-	for _, name := range []string{"idem-proxy", "upstream"} {
+	root := t.TempDir() // the proxy binary, built once, lives beside the systems' directories
+	for _, name := range []string{"idem-proxy", "upstream", "proxy-hop"} {
 		t.Run("system="+name, func(t *testing.T) {
-			e.dir = filepath.Join(t.TempDir(), name)
+			e.dir = filepath.Join(root, name)
 			s, err := openers[name](e)
 			require.NoError(t, err)
 			t.Cleanup(func() { assert.NoError(t, s.close()) })

@@ -272,6 +272,7 @@ var openers = map[string]func(env) (system, error){
 	"redis":        openRedis,
 	"idem-proxy":   openIdemProxy,
 	"upstream":     openUpstream,
+	"proxy-hop":    openProxyHop,
 	"proxy-pg-1":   openProxyPG(1),
 	"proxy-pg-2":   openProxyPG(2),
 	"proxy-pg-3":   openProxyPG(3),
