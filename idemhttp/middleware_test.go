@@ -26,6 +26,7 @@ import (
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
+	pubtest "github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/idemtest"
 )
 
@@ -408,26 +409,6 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 	assert.Equal(t, int64(3), e.app.runs.Load(), "an unknown outcome is never re-run")
 }
 
-// forgetfulStore loses every outcome its leases record, as a process that
-// dies between running a request and storing its answer would: the record
-// stays in progress until its lease runs out.
-type forgetfulStore struct{ contract.Store }
-
-func (s forgetfulStore) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
-	l, rec, err := s.Store.Claim(ctx, sc, fp)
-	if l != nil {
-		l = forgottenLease{l}
-	}
-	return l, rec, err
-}
-
-type forgottenLease struct{ contract.Lease }
-
-func (forgottenLease) Complete(context.Context, contract.Response) error { return nil }
-func (forgottenLease) Release(context.Context) error                     { return nil }
-func (forgottenLease) MarkUnknown(context.Context) error                 { return nil }
-func (forgottenLease) MarkFailed(context.Context) error                  { return nil }
-
 // TestOverdueClaimAnswer: a retry that finds a claim past its lease is told
 // to come back when a reconciler looks such claims up, and that an operator
 // must resolve it when none does; unknown records always need the operator.
@@ -444,7 +425,7 @@ func TestOverdueClaimAnswer(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			db, clock := idemtest.Open(t, &idem.Options{Logger: discardLogger()})
-			crashed := setup(t, idemhttp.Options{Store: forgetfulStore{db}})
+			crashed := setup(t, idemhttp.Options{Store: pubtest.Forgetful(db)})
 			resp, _ := crashed.call("POST", "/v1/payments", "acme", pay, "k")
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
 

@@ -148,27 +148,3 @@ func adminServer(t *testing.T, db idem.Operator) *adminClient {
 	t.Cleanup(func() { c.Close() })
 	return c
 }
-
-// TestAdminMaintenanceUsage: compact and check take --admin as the other
-// tools do.
-func TestAdminMaintenanceUsage(t *testing.T) {
-	t.Setenv(adminTokenEnv, "")
-	for _, c := range []struct {
-		args []string
-		code int
-		want string
-	}{
-		{[]string{"compact", "--admin", "http://127.0.0.1:1", "--data", t.TempDir()}, 2, "give it without --data or --store"},
-		{[]string{"check", "--admin", "http://127.0.0.1:1", "--store", "postgres://x@localhost/db"}, 2, "give it without --data or --store"},
-		{[]string{"compact", "--admin", "http://127.0.0.1:1"}, 2, "--admin needs the admin token"},
-		{[]string{"check", "--admin", "http://127.0.0.1:1", "--admin-token-file", tokenFile(t, adminToken)}, 1, "the admin listener at http://127.0.0.1:1"},
-	} {
-		r := runIdem(t, "", c.args...)
-		assert.Equal(t, c.code, r.code, "%v: %s", c.args, r.stderr)
-		assert.Contains(t, r.stderr, c.want, c.args)
-	}
-	for _, tool := range []string{"compact", "check"} {
-		r := runIdem(t, "", tool, "--help")
-		assert.Contains(t, r.stderr, "--admin URL", tool)
-	}
-}

@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -238,7 +236,8 @@ func TestAdminOpsServe(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, send(t, "GET", s.url+"/v1/admin/metrics", "").status)
 }
 
-// TestAdminToolUsage: --admin goes alone, with a token.
+// TestAdminToolUsage: every tool that reaches a running server takes
+// --admin, alone, with a token.
 func TestAdminToolUsage(t *testing.T) {
 	t.Setenv(adminTokenEnv, "")
 	tok := tokenFile(t, adminToken)
@@ -254,10 +253,18 @@ func TestAdminToolUsage(t *testing.T) {
 		{[]string{"inspect", "--data", t.TempDir(), "--admin-token-file", tok}, 2, "--admin-token-file goes with --admin URL"},
 		{[]string{"inspect", "--admin", "http://127.0.0.1:1", "--admin-token-file", tokenFile(t, "short")}, 2, "it needs at least 16"},
 		{[]string{"inspect", "--admin", "http://127.0.0.1:1", "--admin-token-file", tok}, 1, "the admin listener at http://127.0.0.1:1"},
+		{[]string{"compact", "--admin", "http://127.0.0.1:1", "--data", t.TempDir()}, 2, "give it without --data or --store"},
+		{[]string{"check", "--admin", "http://127.0.0.1:1", "--store", "postgres://x@localhost/db"}, 2, "give it without --data or --store"},
+		{[]string{"compact", "--admin", "http://127.0.0.1:1"}, 2, "--admin needs the admin token"},
+		{[]string{"check", "--admin", "http://127.0.0.1:1", "--admin-token-file", tok}, 1, "the admin listener at http://127.0.0.1:1"},
 	} {
 		r := runIdem(t, "", c.args...)
 		assert.Equal(t, c.code, r.code, "%v: %s", c.args, r.stderr)
 		assert.Contains(t, r.stderr, c.want, c.args)
+	}
+	for _, tool := range []string{"inspect", "get", "stats", "resolve", "compact", "check"} {
+		r := runIdem(t, "", tool, "--help")
+		assert.Contains(t, r.stderr, "--admin URL", tool)
 	}
 	r := runIdem(t, "", "proxy", "--upstream", "http://127.0.0.1:1", "--data", t.TempDir(), "--admin-token-file", filepath.Join(t.TempDir(), "missing"))
 	assert.Equal(t, 2, r.code)
@@ -270,18 +277,13 @@ func TestAdminToolUsage(t *testing.T) {
 // store's clock can be moved past the lease.
 func TestAdminOpsCrashedClaim(t *testing.T) {
 	db, clock := idemtest.Open(t, nil)
-	adm, err := newAdmin(db, slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	mux := http.NewServeMux()
-	adm.registerOps(mux, adminToken)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	c := newAdminClient(srv.URL+"/", adminToken)
+	// A URL given with a trailing slash works as one without.
+	c := newAdminClient(adminServer(t, db).base+"/", adminToken)
 	t.Cleanup(func() { c.Close() })
 
 	ctx := context.Background()
 	s := idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: newKey()}
-	_, _, err = db.Claim(ctx, s, idem.Fingerprint{1}) // the process dies before it ends the lease
+	_, _, err := db.Claim(ctx, s, idem.Fingerprint{1}) // the process dies before it ends the lease
 	require.NoError(t, err)
 
 	_, err = c.Resolve(ctx, s, resolution{As: "released"})
@@ -294,7 +296,7 @@ func TestAdminOpsCrashedClaim(t *testing.T) {
 	assert.Equal(t, idem.StateInProgress, got.State, "a live lease is left alone")
 
 	clock.Advance(time.Hour)
-	overdue := send(t, "GET", srv.URL+"/v1/admin/overdue", "", bearer(adminToken)...)
+	overdue := send(t, "GET", c.base+"/v1/admin/overdue", "", bearer(adminToken)...)
 	require.Equal(t, http.StatusOK, overdue.status)
 	var listed []recordView
 	require.NoError(t, json.Unmarshal(overdue.body, &listed))

@@ -167,7 +167,7 @@ func newReconcileEnv(t *testing.T, open func(*testing.T, *idemtest.Clock, func(c
 		t.Cleanup(srv.Close)
 		return srv
 	}
-	e.proxy, e.crashed = serve(e.db), serve(forgetfulStore{e.db})
+	e.proxy, e.crashed = serve(e.db), serve(idemtest.Forgetful(e.db))
 	return e
 }
 
@@ -180,24 +180,6 @@ func (e *reconcileEnv) scope(key string) idem.Scope {
 	sum := sha256.Sum256([]byte(auth))
 	return idem.Scope{Tenant: hex.EncodeToString(sum[:]), Endpoint: "POST /v1/charges", Key: key}
 }
-
-// forgetfulStore loses every outcome its leases record.
-type forgetfulStore struct{ contract.Store }
-
-func (s forgetfulStore) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
-	l, rec, err := s.Store.Claim(ctx, sc, fp)
-	if l != nil {
-		l = forgottenLease{l}
-	}
-	return l, rec, err
-}
-
-type forgottenLease struct{ contract.Lease }
-
-func (forgottenLease) Complete(context.Context, contract.Response) error { return nil }
-func (forgottenLease) Release(context.Context) error                     { return nil }
-func (forgottenLease) MarkUnknown(context.Context) error                 { return nil }
-func (forgottenLease) MarkFailed(context.Context) error                  { return nil }
 
 // TestReconcileFromLookup: claims left in progress by a crashed proxy are
 // settled as the upstream's lookup says. Found: the retry gets the
