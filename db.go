@@ -227,8 +227,8 @@ func Open(dir string, opts *Options) (*DB, error) {
 // spareFlash sets what a store with small memtables needs so as not to
 // wear out flash. Each small flush would otherwise soon be compacted into
 // the base level, and as the keys are random, every such compaction
-// rewrites most of that level: over ten times the records' size for a
-// store of a million of them. So every value of 64 bytes or more, which is
+// rewrites most of that level, so each record is written many times over
+// as the store grows. So every value of 64 bytes or more, which is
 // every record, goes to blob files at flush and is never rewritten;
 // compactions move keys and references only. And level 0 gathers 32
 // flushes, not 4, before they are compacted together, so that each
