@@ -260,26 +260,47 @@ func (s *proxySystem) replay(ctx context.Context, o op) ([]byte, error) {
 // but backends report to it at most once a second, too seldom for a cell
 // of seconds.
 func (s *proxySystem) syncsPerOp() float64 {
-	if s.metrics == "" {
-		return 0
-	}
-	resp, err := s.client.Get(s.metrics)
+	f, err := s.scrape()
 	if err != nil {
 		return 0
 	}
+	return s.syncs.perOp(f[idem.FigureCommits], f[idem.FigureSyncs])
+}
+
+// bytesWritten is the embedded store's own count of the bytes it wrote to
+// its files, from the proxy's /metrics; a proxy on PostgreSQL has none.
+func (s *proxySystem) bytesWritten(context.Context) (uint64, error) {
+	f, err := s.scrape()
+	if err != nil {
+		return 0, err
+	}
+	n, ok := f[idem.FigureBytesWritten]
+	if !ok {
+		return 0, errors.New("bench: the proxy reports no bytes written")
+	}
+	return uint64(n), nil
+}
+
+// scrape reads the first replica's /metrics: the unlabelled series, by
+// name.
+func (s *proxySystem) scrape() (map[string]float64, error) {
+	if s.metrics == "" {
+		return nil, errors.New("bench: the proxy has no metrics address")
+	}
+	resp, err := s.client.Get(s.metrics)
+	if err != nil {
+		return nil, err
+	}
 	defer resp.Body.Close()
-	var commits, syncs float64
+	f := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		name, value, _ := strings.Cut(sc.Text(), " ")
-		switch name {
-		case idem.FigureCommits:
-			commits, _ = strconv.ParseFloat(value, 64)
-		case idem.FigureSyncs:
-			syncs, _ = strconv.ParseFloat(value, 64)
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if v, err := strconv.ParseFloat(value, 64); ok && err == nil && !strings.HasPrefix(name, "#") {
+			f[name] = v
 		}
 	}
-	return s.syncs.perOp(commits, syncs)
+	return f, sc.Err()
 }
 
 // close stops the replicas with SIGTERM (a kill after proxyStopGuard),
