@@ -19,7 +19,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -43,6 +42,7 @@ import (
 
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/bench/device"
+	"github.com/idemkv/idem/internal/crashtest"
 )
 
 // config is what one child runs.
@@ -198,7 +198,10 @@ func runChild(c config) (result, error) {
 	ctx := context.Background()
 	devWritten := deviceCounter(dir)
 	devBefore := devWritten()
-	before := figures(ctx, db)
+	before, err := db.Metrics(ctx)
+	if err != nil {
+		return res, err
+	}
 
 	start := time.Now()
 	load := loader{db: db, body: c.Body}
@@ -206,11 +209,8 @@ func runChild(c config) (result, error) {
 	go load.sampleHeap(stopHeap)
 	if c.Soak > 0 {
 		res.RSS, err = load.soak(ctx, c.Conc, c.Soak, c.Sample)
-		m, merr := db.Metrics(ctx)
-		res.Swept = m.Events[idem.EventSwept]
-		err = errors.Join(err, merr)
 	} else {
-		err = load.run(ctx, c.Conc, c.Records)
+		err = load.run(ctx, c.Conc, func(i int64) bool { return i <= int64(c.Records) })
 	}
 	if err != nil {
 		return res, err
@@ -221,12 +221,20 @@ func runChild(c config) (result, error) {
 	res.OpsPerSec = ops / elapsed.Seconds()
 	res.PeakRSS = procStatus("VmHWM")
 	res.GoHeap = load.heapPeak.Load()
-	after := figures(ctx, db)
-	perOp := func(name string) float64 { return (after[name] - before[name]) / ops }
+	after, err := db.Metrics(ctx)
+	if err != nil {
+		return res, err
+	}
+	perOp := func(name string) float64 {
+		a, _ := after.Figure(name)
+		b, _ := before.Figure(name)
+		return (a - b) / ops
+	}
 	res.WrittenPerOp = perOp(idem.FigureBytesWritten)
 	res.Written.Log, res.Written.Zeros = perOp(idem.FigureLogBytesWritten), perOp(idem.FigureZeroBytesWritten)
 	res.Written.Tables, res.Written.Blobs = perOp(idem.FigureTableBytesWritten), perOp(idem.FigureBlobBytesWritten)
 	res.SyncsPerOp = perOp(idem.FigureSyncs)
+	res.Swept = after.Events[idem.EventSwept]
 	res.LogicalPerOp = float64(load.logical.Load()) / ops
 	res.DeviceBytes = -1
 	// What the page cache still holds (a manifest's tail, a file's
@@ -300,13 +308,14 @@ func (l *loader) op(ctx context.Context, i int64) error {
 	return nil
 }
 
-// run performs n operations with conc callers.
-func (l *loader) run(ctx context.Context, conc, n int) error {
+// run performs operations with conc callers, each on the next key number
+// for as long as more says so of it, and stops at the first error.
+func (l *loader) run(ctx context.Context, conc int, more func(i int64) bool) error {
 	var wg sync.WaitGroup
 	errs := make([]error, conc)
 	for c := range conc {
 		wg.Go(func() {
-			for i := l.next.Add(1); i <= int64(n) && errs[c] == nil; i = l.next.Add(1) {
+			for i := l.next.Add(1); more(i) && errs[c] == nil; i = l.next.Add(1) {
 				errs[c] = l.op(ctx, i)
 			}
 		})
@@ -318,51 +327,25 @@ func (l *loader) run(ctx context.Context, conc, n int) error {
 // soak runs operations with conc callers for d, and samples the resident
 // memory every sample.
 func (l *loader) soak(ctx context.Context, conc int, d, sample time.Duration) ([]int64, error) {
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	errs := make([]error, conc)
-	for c := range conc {
-		wg.Go(func() {
-			for errs[c] == nil {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				errs[c] = l.op(ctx, l.next.Add(1))
-			}
-		})
-	}
+	var stopped atomic.Bool
+	done := make(chan error, 1)
+	go func() { done <- l.run(ctx, conc, func(int64) bool { return !stopped.Load() }) }()
 	var rss []int64
 	t := time.NewTicker(sample)
+	defer t.Stop()
 	end := time.After(d)
-	for loop := true; loop; {
+	for {
 		select {
 		case <-t.C:
 			rss = append(rss, procStatus("VmRSS"))
 			fmt.Fprintf(os.Stderr, "edge: soak %d ops, resident %s\n", l.done.Load(), mib(rss[len(rss)-1]))
 		case <-end:
-			loop = false
+			stopped.Store(true)
+			return rss, <-done
+		case err := <-done: // an error ended the callers early
+			return rss, err
 		}
 	}
-	t.Stop()
-	close(stop)
-	wg.Wait()
-	return rss, errors.Join(errs...)
-}
-
-// figures returns the store's engine figures by name, none when they
-// cannot be read.
-func figures(ctx context.Context, db *idem.DB) map[string]float64 {
-	m, err := db.Metrics(ctx)
-	if err != nil {
-		return nil
-	}
-	f := map[string]float64{}
-	for _, e := range m.Engine {
-		f[e.Name] = e.Value
-	}
-	return f
 }
 
 // deviceCounter returns a reading of the bytes the kernel has written
@@ -383,24 +366,14 @@ func deviceCounter(dir string) func() int64 {
 	}
 }
 
-// procStatus returns a "kB" field of /proc/self/status in bytes, or -1.
+// procStatus returns a field of this process's /proc status in bytes, or
+// -1 where there is none.
 func procStatus(field string) int64 {
-	f, err := os.Open("/proc/self/status")
+	n, err := crashtest.StatusBytes(os.Getpid(), field)
 	if err != nil {
 		return -1
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, rest, ok := strings.Cut(sc.Text(), ":")
-		if ok && name == field {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			if err == nil {
-				return kb << 10
-			}
-		}
-	}
-	return -1
+	return n
 }
 
 // dirBytes returns the bytes the files under dir occupy on disk. Files

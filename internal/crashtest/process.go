@@ -197,20 +197,24 @@ func (p *Process) RSS() (int64, error) {
 }
 
 // RSS returns the resident set size of process pid in bytes.
-func RSS(pid int) (int64, error) {
+func RSS(pid int) (int64, error) { return StatusBytes(pid, "VmRSS") }
+
+// StatusBytes returns a field of /proc/PID/status that the kernel gives
+// in kB (VmRSS, VmHWM, RssAnon, ...), in bytes.
+func StatusBytes(pid int, field string) (int64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, l := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
 			f := strings.Fields(v)
 			if len(f) != 2 || f[1] != "kB" {
-				return 0, fmt.Errorf("crashtest: unexpected VmRSS line %q", l)
+				return 0, fmt.Errorf("crashtest: unexpected %s line %q", field, l)
 			}
 			kb, err := strconv.ParseInt(f[0], 10, 64)
 			return kb << 10, err
 		}
 	}
-	return 0, errors.New("crashtest: no VmRSS in /proc status")
+	return 0, fmt.Errorf("crashtest: no %s in /proc status", field)
 }
