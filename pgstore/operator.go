@@ -160,17 +160,17 @@ func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease
 			return nil, s.fail("take-over", err)
 		}
 		// Say why not from the record as it is now.
-		rec, err := scanLive(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now), sc)
+		r, err = scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return nil, contract.ErrNotFound
 		case err != nil:
 			return nil, s.fail("take-over", err)
-		case rec.State == contract.StateCompleted:
+		case r.rec.State == contract.StateCompleted:
 			return nil, fmt.Errorf("%w (tenant %q, endpoint %q)", contract.ErrCompleted, sc.Tenant, sc.Endpoint)
-		case rec.State == contract.StateInProgress && now.Before(rec.LeaseUntil):
-			return nil, &contract.KeyError{Err: contract.ErrInProgress, State: rec.State,
-				RetryAfter: rec.LeaseUntil.Sub(now), Tenant: sc.Tenant, Endpoint: sc.Endpoint}
+		case r.rec.State == contract.StateInProgress && now.Before(r.rec.LeaseUntil):
+			return nil, &contract.KeyError{Err: contract.ErrInProgress, State: r.rec.State,
+				RetryAfter: r.rec.LeaseUntil.Sub(now), Tenant: sc.Tenant, Endpoint: sc.Endpoint}
 		}
 		// The record became stuck between the two statements: try again.
 	}

@@ -250,89 +250,54 @@ const listColumns = `tenant, endpoint, idem_key, fingerprint, state, response_st
 	response_headers, CASE WHEN body_len <= 65536 THEN response_body END, body_len, body_digest, body_omitted,
 	lease_token, lease_until, attempts, created_at, updated_at, expires_at`
 
-// liveColumns are the columns scanLive reads, in its order: those of
-// columns less the scope, which the caller knows, and the lease token,
-// which a read of the live record has no use for.
-const liveColumns = `fingerprint, state, response_status, response_headers, response_body,
-	body_len, body_digest, body_omitted, lease_until, attempts, created_at, updated_at, expires_at`
-
 // row is one scanned record and its lease token.
 type row struct {
 	rec   contract.Record
 	token []byte
 }
 
-// fields are the columns of a record that need converting once scanned.
-type fields struct {
-	fp, digest, hdr, body             []byte
-	status                            *int32
-	state                             int16
-	attempts                          int32
-	leaseUntil, created, upd, expires time.Time
-}
-
 // scanRecord reads the columns of columns from r; extra, when given, are
 // scanned after them.
 func scanRecord(r pgx.Row, extra ...any) (*row, error) {
 	var (
-		out row
-		f   fields
+		out                      row
+		fp, digest, hdr, body    []byte
+		status                   *int32
+		state                    int16
+		attempts                 int32
+		leaseUntil, created, upd time.Time
+		expires                  time.Time
 	)
-	dest := []any{&out.rec.Scope.Tenant, &out.rec.Scope.Endpoint, &out.rec.Scope.Key, &f.fp, &f.state, &f.status,
-		&f.hdr, &f.body, &out.rec.BodyLen, &f.digest, &out.rec.BodyOmitted,
-		&out.token, &f.leaseUntil, &f.attempts, &f.created, &f.upd, &f.expires}
+	dest := []any{&out.rec.Scope.Tenant, &out.rec.Scope.Endpoint, &out.rec.Scope.Key, &fp, &state, &status,
+		&hdr, &body, &out.rec.BodyLen, &digest, &out.rec.BodyOmitted,
+		&out.token, &leaseUntil, &attempts, &created, &upd, &expires}
 	if err := r.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}
-	if err := f.fill(&out.rec); err != nil {
-		return nil, err
+	if len(fp) != len(out.rec.Fingerprint) {
+		return nil, fmt.Errorf("%w: fingerprint of %d bytes", contract.ErrCorrupt, len(fp))
 	}
+	copy(out.rec.Fingerprint[:], fp)
+	copy(out.rec.BodyDigest[:], digest)
+	out.rec.State = contract.State(state)
+	if status != nil {
+		out.rec.Response.Status = int(*status)
+	}
+	if len(hdr) > 0 {
+		if err := json.Unmarshal(hdr, &out.rec.Response.Header); err != nil {
+			return nil, fmt.Errorf("%w: response headers: %v", contract.ErrCorrupt, err)
+		}
+		if len(out.rec.Response.Header) == 0 {
+			out.rec.Response.Header = nil
+		}
+	}
+	if len(body) > 0 {
+		out.rec.Response.Body = body
+	}
+	out.rec.Attempts = uint32(attempts)
+	out.rec.LeaseUntil, out.rec.CreatedAt = leaseUntil.UTC(), created.UTC()
+	out.rec.UpdatedAt, out.rec.ExpiresAt = upd.UTC(), expires.UTC()
 	return &out, nil
-}
-
-// scanLive reads the columns of liveColumns from r, a record of sc.
-func scanLive(r pgx.Row, sc contract.Scope) (*contract.Record, error) {
-	var (
-		rec contract.Record
-		f   fields
-	)
-	if err := r.Scan(&f.fp, &f.state, &f.status, &f.hdr, &f.body, &rec.BodyLen, &f.digest, &rec.BodyOmitted,
-		&f.leaseUntil, &f.attempts, &f.created, &f.upd, &f.expires); err != nil {
-		return nil, err
-	}
-	if err := f.fill(&rec); err != nil {
-		return nil, err
-	}
-	rec.Scope = sc
-	return &rec, nil
-}
-
-// fill sets the fields of rec that f holds.
-func (f *fields) fill(rec *contract.Record) error {
-	if len(f.fp) != len(rec.Fingerprint) {
-		return fmt.Errorf("%w: fingerprint of %d bytes", contract.ErrCorrupt, len(f.fp))
-	}
-	copy(rec.Fingerprint[:], f.fp)
-	copy(rec.BodyDigest[:], f.digest)
-	rec.State = contract.State(f.state)
-	if f.status != nil {
-		rec.Response.Status = int(*f.status)
-	}
-	if len(f.hdr) > 0 {
-		if err := json.Unmarshal(f.hdr, &rec.Response.Header); err != nil {
-			return fmt.Errorf("%w: response headers: %v", contract.ErrCorrupt, err)
-		}
-		if len(rec.Response.Header) == 0 {
-			rec.Response.Header = nil
-		}
-	}
-	if len(f.body) > 0 {
-		rec.Response.Body = f.body
-	}
-	rec.Attempts = uint32(f.attempts)
-	rec.LeaseUntil, rec.CreatedAt = f.leaseUntil.UTC(), f.created.UTC()
-	rec.UpdatedAt, rec.ExpiresAt = f.upd.UTC(), f.expires.UTC()
-	return nil
 }
 
 // cloneRecord copies rec with its own header and body.
@@ -368,7 +333,7 @@ func encodeHeader(h http.Header) (any, error) {
 // replay or a refusal is then one plain read that writes and locks
 // nothing, which costs the server less than a statement that could also
 // insert.
-const getSQL = `SELECT ` + liveColumns + ` FROM idempotency_keys
+const getSQL = `SELECT ` + columns + ` FROM idempotency_keys
 WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $4`
 
 // insertSQL claims a key that getSQL found no live record for: it inserts
@@ -437,9 +402,9 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 	}
 	for range claimRetries {
 		now := s.now()
-		live, err := scanLive(q.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now), sc)
+		r, err := scanRecord(q.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
 		if err == nil {
-			rec, err := s.answer(live, fp, now)
+			rec, err := s.answer(&r.rec, fp, now)
 			return nil, rec, err
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -545,14 +510,14 @@ func (s *Store) Get(ctx context.Context, sc contract.Scope) (*contract.Record, e
 	if err := s.enter(); err != nil {
 		return nil, err
 	}
-	rec, err := scanLive(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, s.now()), sc)
+	r, err := scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, s.now()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, contract.ErrNotFound
 	}
 	if err != nil {
 		return nil, s.fail("get", err)
 	}
-	return rec, nil
+	return &r.rec, nil
 }
 
 // Ping reports whether the database answers.
