@@ -76,13 +76,7 @@ type sizing struct {
 	cache int64
 	// filter bounds one key filter's bytes, 0 for no bound.
 	filter int64
-	// small is set under a memory budget, whose small memtables call for
-	// the compaction settings that spare flash (see Open).
-	small bool
 }
-
-// minMemoryBytes is the smallest Options.MemoryBytes.
-const minMemoryBytes = 4 << 20
 
 // sizing divides Options.MemoryBytes: a quarter to two memtables (of at
 // most 64 MiB each, beyond which a flush only takes longer), an eighth to
@@ -96,7 +90,7 @@ func (o *Options) sizing() sizing {
 	}
 	m := o.MemoryBytes
 	memTable := min(m/8, 64<<20)
-	return sizing{memTable: memTable, cache: m * 3 / 4, filter: m / 16, small: true}
+	return sizing{memTable: memTable, cache: m * 3 / 4, filter: m / 16}
 }
 
 // tableCompression is the cheapest compression that still shrinks chunked
@@ -182,7 +176,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	popts.EventListener = &pebble.EventListener{PossibleAPIMisuse: func(i pebble.PossibleAPIMisuseInfo) {
 		o.Logger.Error("idem: storage misuse", "what", i.String())
 	}}
-	if size.small {
+	if o.MemoryBytes != 0 { // small memtables
 		spareFlash(popts)
 	}
 	pdb, err := pebble.Open(dir, popts)

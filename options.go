@@ -120,6 +120,9 @@ type Options struct {
 	MustExist bool
 }
 
+// MinMemoryBytes is the smallest Options.MemoryBytes.
+const MinMemoryBytes = 4 << 20
+
 // GoMemoryLimit returns the Go runtime's soft memory limit
 // (debug.SetMemoryLimit, or GOMEMLIMIT) that suits a process whose store
 // has the budget memoryBytes: the budget and 16 MiB for the rest of the
@@ -196,7 +199,7 @@ func (o *Options) withDefaults() (Options, error) {
 	switch {
 	case c.MemoryBytes != 0 && c.CacheBytes != 0:
 		bad("MemoryBytes and CacheBytes cannot both be set: MemoryBytes includes the cache")
-	case c.MemoryBytes != 0 && (c.MemoryBytes < minMemoryBytes || c.MemoryBytes > 1<<40):
+	case c.MemoryBytes != 0 && (c.MemoryBytes < MinMemoryBytes || c.MemoryBytes > 1<<40):
 		bad("MemoryBytes %d must be between 4 MiB and 1 TiB", c.MemoryBytes)
 	}
 	return c, errors.Join(errs...)

@@ -121,8 +121,8 @@ func (s *storeFlags) validate() error {
 		}
 		return nil
 	}
-	if s.memory != 0 && s.memory < 4<<20 {
-		return fmt.Errorf("--memory %s is below the smallest budget, 4MiB", &s.memory)
+	if least := byteSize(idem.MinMemoryBytes); s.memory != 0 && s.memory < least {
+		return fmt.Errorf("--memory %s is below the smallest budget, %s", &s.memory, &least)
 	}
 	if !s.postgres() {
 		return nil
