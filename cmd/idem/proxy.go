@@ -419,22 +419,31 @@ func (e *dialError) Unwrap() error { return e.err }
 // keeps: enough for the concurrency one proxy serves.
 const upstreamIdleConns = 256
 
+// upstreamTransport is the base of the transports that reach the
+// upstream: the proxy's and the reconciler's. The upstream is a
+// neighbour, not something behind HTTP_PROXY. And the client's
+// Accept-Encoding goes upstream as it came: otherwise the Transport asks
+// for gzip on its own when the client did not, and decompresses the
+// answer, whose length is then unknown, so ReverseProxy flushes every
+// write and the recorder streams an answer it could have held whole,
+// after spending a processor inflating it; a lookup's answer is stored
+// as it came too.
+func upstreamTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	tr.DisableCompression = true
+	return tr
+}
+
 // newProxyHandler forwards to target, streaming the response back. Its
 // own problems are typed under problemBase.
 func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string, log *slog.Logger) http.Handler {
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil // the upstream is a neighbour, not something behind HTTP_PROXY
+	tr := upstreamTransport()
 	// Every request goes to the one upstream host. net/http keeps two idle
 	// connections per host by default, so under concurrency most requests
 	// would dial anew and leave a socket in TIME_WAIT behind them.
 	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = upstreamIdleConns, upstreamIdleConns
-	// The client's Accept-Encoding goes upstream as it came. Otherwise the
-	// Transport asks for gzip on its own when the client did not, and
-	// decompresses the answer: its length is then unknown, so ReverseProxy
-	// flushes every write and the recorder streams an answer it could
-	// have held whole, after spending a processor inflating it.
-	tr.DisableCompression = true
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dialer.DialContext(ctx, network, addr)
 		if err != nil {

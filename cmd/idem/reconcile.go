@@ -139,11 +139,9 @@ type reconciler struct {
 }
 
 func newReconciler(u *lookupURL, timeout time.Duration, maxBody int64, attempts int, log *slog.Logger) *reconciler {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil // the upstream is a neighbour, as for the requests the proxy forwards
 	// The answer is stored as it came, with its own Content-Encoding, so
 	// that a replay can decode it for a client that does not accept it.
-	tr.DisableCompression = true
+	tr := upstreamTransport()
 	return &reconciler{
 		url: u,
 		client: &http.Client{
