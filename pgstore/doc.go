@@ -22,15 +22,20 @@
 //
 // # Guarantees
 //
-// The primary key is the concurrency control. A claim first reads the
-// live row, and a replay or a refusal ends there, having written and
-// locked nothing. Otherwise it runs an INSERT ... ON CONFLICT DO UPDATE
-// that replaces the row only when it has expired, so of any number of
-// callers on any number of replicas exactly one wins a fresh or expired
-// key; a caller that meets a row committed since its read reads again. Every lease call names the lease's token in its
-// WHERE: a holder whose record was taken over, released or expired
-// changes nothing and gets contract.ErrLeaseLost. Completed responses and
-// fingerprints are never overwritten.
+// The primary key is the concurrency control. A claim of a new key is an
+// INSERT ... ON CONFLICT DO NOTHING; one that meets a row reads it, and a
+// replay or a refusal ends there, having written and locked nothing. A
+// row that has expired is taken over by an INSERT ... ON CONFLICT DO
+// UPDATE that replaces it only then, so of any number of callers on any
+// number of replicas exactly one wins a fresh or expired key; a caller
+// that meets a row committed since its read reads again. Which statement
+// goes first follows the store's recent claims: the insert while most
+// keys were new, the read while most met a row (a retry storm), so that
+// each case costs one statement when it is the usual one. Every lease
+// call names the lease's token in its WHERE: a holder whose record was
+// taken over, released or expired changes nothing and gets
+// contract.ErrLeaseLost. Completed responses and fingerprints are never
+// overwritten.
 //
 // Each end of a lease (complete, release, mark, take-over) sends a
 // NOTIFY in the same statement or transaction when the record says that

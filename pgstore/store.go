@@ -36,6 +36,7 @@ type Store struct {
 
 	tally     contract.Tally
 	reclaimed atomic.Int64 // bytes of the records swept since Open
+	met       atomic.Int32 // see claimOrder
 
 	closed    atomic.Bool
 	closing   chan struct{} // closed by Close, to wake waiters
@@ -329,10 +330,10 @@ func encodeHeader(h http.Header) (any, error) {
 	return string(b), nil
 }
 
-// getSQL reads the live record of a scope. A claim runs it first: a
-// replay or a refusal is then one plain read that writes and locks
-// nothing, which costs the server less than a statement that could also
-// insert.
+// getSQL reads the live record of a scope. A claim that reads first (see
+// insertFirst) answers a replay or a refusal with this one plain read,
+// which writes and locks nothing and costs the server less than a
+// statement that could also insert.
 const getSQL = `SELECT ` + columns + ` FROM idempotency_keys
 WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $4`
 
@@ -358,6 +359,41 @@ ON CONFLICT (tenant, endpoint, idem_key) DO UPDATE SET
 	created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, expires_at = EXCLUDED.expires_at
 WHERE k.expires_at <= $7
 RETURNING true`
+
+// tryInsertSQL is a claim's insert when it goes first: it inserts a fresh
+// claim and leaves any record in the way alone, without locking it, so a
+// retry that meets a live record writes nothing. The lock wait it bounds
+// is the same as insertSQL's.
+const tryInsertSQL = `
+INSERT INTO idempotency_keys (tenant, endpoint, idem_key, fingerprint, state,
+	lease_token, lease_until, attempts, created_at, updated_at, expires_at)
+SELECT $1, $2, $3, $4::bytea, 1, $5::bytea, $6::timestamptz, 1, $7::timestamptz, $7, $8::timestamptz
+WHERE set_config('lock_timeout', $9, true) IS NOT NULL
+ON CONFLICT (tenant, endpoint, idem_key) DO NOTHING
+RETURNING true`
+
+// metBound bounds Store.met, so that the order follows a change of
+// workload within a few dozen claims.
+const metBound = 32
+
+// insertFirst reports whether a claim on the pool tries its insert before
+// reading. Each order spends one statement in vain in the case it does
+// not expect: reading first, on a new key; inserting first, on a key that
+// has a record. Store.met rises for each claim that met a record and
+// falls for each that did not, so claims insert first while new keys are
+// at least half of them, as they are when few requests are retries.
+func (s *Store) insertFirst() bool { return s.met.Load() <= 0 }
+
+// noteMet moves Store.met towards what a claim found.
+func (s *Store) noteMet(found bool) {
+	d := int32(-1)
+	if found {
+		d = 1
+	}
+	if v := s.met.Add(d); v > metBound || v < -metBound {
+		s.met.Add(-d)
+	}
+}
 
 // claimRetries bounds how often Claim goes round when its insert
 // returned nothing: each time, a record committed meanwhile was in the
@@ -400,26 +436,39 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 	if err := s.enter(); err != nil {
 		return nil, nil, err
 	}
+	read := tx != nil || !s.insertFirst()
 	for range claimRetries {
 		now := s.now()
-		r, err := scanRecord(q.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
-		if err == nil {
-			rec, err := s.answer(&r.rec, fp, now)
-			return nil, rec, err
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return nil, nil, s.fail("claim", err)
+		if read {
+			r, err := scanRecord(q.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
+			if err == nil {
+				if tx == nil {
+					s.noteMet(true)
+				}
+				rec, err := s.answer(&r.rec, fp, now)
+				return nil, rec, err
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return nil, nil, s.fail("claim", err)
+			}
 		}
 		l := &lease{s: s, q: q, scope: sc, token: newToken(), start: now, rec: contract.Record{
 			Scope: sc, Fingerprint: fp, State: contract.StateInProgress, Attempts: 1,
 			LeaseUntil: s.leaseEnd(now), CreatedAt: now, UpdatedAt: now, ExpiresAt: s.expiry(now, sc.Endpoint)}}
 		args := []any{sc.Tenant, sc.Endpoint, sc.Key, fp[:], l.token, l.rec.LeaseUntil, now, l.rec.ExpiresAt, s.lockTimeout}
-		if tx == nil {
-			err = s.pool.QueryRow(ctx, insertSQL, args...).Scan(new(bool))
-		} else {
+		var err error
+		switch {
+		case tx != nil:
 			err = s.insertClaimTx(ctx, tx, args)
+		case read:
+			err = s.pool.QueryRow(ctx, insertSQL, args...).Scan(new(bool))
+		default:
+			err = s.pool.QueryRow(ctx, tryInsertSQL, args...).Scan(new(bool))
 		}
 		if err == nil {
+			if tx == nil {
+				s.noteMet(false)
+			}
 			s.note(contract.EventClaimed, &l.rec, time.Time{})
 			return l, nil, nil
 		}
@@ -434,6 +483,8 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, nil, s.fail("claim", err)
 		}
+		// A record was in the way: read it on the next round.
+		read = true
 	}
 	return nil, nil, fmt.Errorf("pgstore: claim: the record kept changing under %d attempts", claimRetries)
 }

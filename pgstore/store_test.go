@@ -37,10 +37,48 @@ func open(t *testing.T, dsn string, opts *pgstore.Options) *pgstore.Store {
 	return s
 }
 
+// The suite runs with each order of a claim's statements to start with;
+// its claims move the order as they go.
 func TestConformance(t *testing.T) {
-	idemtest.TestStore(t, func(t *testing.T, now func() time.Time) contract.Store {
-		return open(t, pgtest.DSN(t), &pgstore.Options{Now: now})
-	})
+	for _, first := range []bool{true, false} {
+		t.Run(claimOrder(first), func(t *testing.T) {
+			idemtest.TestStore(t, func(t *testing.T, now func() time.Time) contract.Store {
+				s := open(t, pgtest.DSN(t), &pgstore.Options{Now: now})
+				pgstore.SetInsertFirst(s, first)
+				return s
+			})
+		})
+	}
+}
+
+func claimOrder(insertFirst bool) string {
+	if insertFirst {
+		return "insert first"
+	}
+	return "read first"
+}
+
+// Claims insert first while most keys are new, and read first while most
+// meet a record; the answers are the same either way.
+func TestClaimOrderFollowsWorkload(t *testing.T) {
+	s := open(t, pgtest.DSN(t), &pgstore.Options{Now: idemtest.NewClock().Now})
+	require.True(t, pgstore.InsertFirst(s), "a new store expects new keys")
+	l, _, err := s.Claim(t.Context(), scope("done"), fp)
+	require.NoError(t, err)
+	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 201, Body: []byte("ok")}))
+	for i := range 80 {
+		_, rec, err := s.Claim(t.Context(), scope("done"), fp)
+		require.NoError(t, err)
+		require.NotNil(t, rec, "replay %d", i)
+		assert.Equal(t, "ok", string(rec.Response.Body))
+	}
+	assert.False(t, pgstore.InsertFirst(s), "after replays only")
+	for i := range 80 {
+		l, _, err := s.Claim(t.Context(), scope(fmt.Sprint("new-", i)), fp)
+		require.NoError(t, err)
+		require.NotNil(t, l, "new key %d", i)
+	}
+	assert.True(t, pgstore.InsertFirst(s), "after new keys only")
 }
 
 func TestReplicasOneWinner(t *testing.T) {
@@ -102,14 +140,16 @@ func TestClaimOfLiveRecordWritesNothing(t *testing.T) {
 		return v
 	}
 	before := []string{version(done), version(held)}
-	for range 3 {
+	for _, first := range []bool{true, false} {
+		pgstore.SetInsertFirst(s, first)
 		_, rec, err := s.Claim(t.Context(), done, fp)
 		require.NoError(t, err)
 		require.NotNil(t, rec)
+		pgstore.SetInsertFirst(s, first)
 		_, _, err = s.Claim(t.Context(), held, fp)
 		require.ErrorIs(t, err, contract.ErrInProgress)
+		assert.Equal(t, before, []string{version(done), version(held)}, claimOrder(first))
 	}
-	assert.Equal(t, before, []string{version(done), version(held)})
 }
 
 func TestEventsAreLogged(t *testing.T) {
