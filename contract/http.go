@@ -1,5 +1,7 @@
 package contract
 
+import "time"
+
 // Header fields of the HTTP contract, shared by the server middleware
 // (idemhttp, idem proxy) and the client (idemclient).
 const (
@@ -52,3 +54,9 @@ const (
 	// original_status. Retry with the same key, accepting that coding.
 	CodeEncodingNotAcceptable = "encoding_not_acceptable"
 )
+
+// ClockBehindRetry is the delay a clock_behind answer asks for. A clock
+// behind is usually put right by time synchronisation within seconds of
+// the network coming up; a client that comes back sooner only gets the
+// same answer.
+const ClockBehindRetry = 5 * time.Second

@@ -75,11 +75,15 @@
 //	the key's first call still runs      Aborted + RetryInfo  request_in_progress      yes, same key, after the delay
 //	the key was used for another request FailedPrecondition   idempotency_key_reuse    no, a new key for a new operation
 //	an earlier attempt failed or is      FailedPrecondition   outcome_pending          no, until it is resolved
-//	unknown
+//	unknown, or its lease ran out
+//	a lease ran out and a reconciler     Aborted + RetryInfo  request_in_progress      yes, same key, after
+//	runs (Options.ReconcileEvery)                                                      ReconcileEvery
 //	the stored response was too large    FailedPrecondition   response_body_omitted    no: it ran, a new key runs it again
 //	to keep (original_code in metadata)
 //	the store fails the claim            Unavailable +        store_unavailable        yes, same key: nothing ran
 //	                                     RetryInfo
+//	the server's clock is behind the     Unavailable +        clock_behind             yes, same key, after the delay
+//	store's newest time                  RetryInfo
 //	the call ran, its outcome was not    Unavailable +        store_unavailable        yes, same key: it will not run twice
 //	stored                               RetryInfo
 //

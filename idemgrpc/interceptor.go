@@ -61,6 +61,16 @@ type Options struct {
 	// Default: 0, refuse at once.
 	Wait time.Duration
 
+	// ReconcileEvery says that the store runs a reconciler (such as
+	// idem.Options.Reconcile) that passes this often. A retry that finds
+	// a claim whose lease ran out, its outcome never recorded, is then
+	// refused with Aborted request_in_progress and a RetryInfo of this
+	// delay, since the reconciler will settle it; without a reconciler it
+	// gets FailedPrecondition outcome_pending, which says that an operator
+	// must. Records marked unknown are never reconciled and always get
+	// outcome_pending. Default: 0, no reconciler.
+	ReconcileEvery time.Duration
+
 	// MismatchCode is the code for a key reused with another request.
 	// Default: codes.FailedPrecondition.
 	MismatchCode codes.Code
@@ -154,6 +164,9 @@ func UnaryServerInterceptor(o Options) (grpc.UnaryServerInterceptor, error) {
 	}
 	if o.Wait < 0 {
 		bad("Options.Wait %s must not be negative", o.Wait)
+	}
+	if o.ReconcileEvery < 0 {
+		bad("Options.ReconcileEvery %s must not be negative", o.ReconcileEvery)
 	}
 	if o.MismatchCode == codes.OK {
 		o.MismatchCode = codes.FailedPrecondition
@@ -249,11 +262,33 @@ func (m *interceptor) refuse(err error) error {
 	case errors.Is(err, contract.ErrInProgress) && errors.As(err, &ke):
 		return m.problem(codes.Aborted, contract.CodeInProgress,
 			"a call with this idempotency key is still being processed; retry with the same key", max(ke.RetryAfter, time.Millisecond), nil)
+	case errors.Is(err, contract.ErrOutcomePending) && errors.As(err, &ke) && ke.State == contract.StateInProgress && m.opts.ReconcileEvery > 0:
+		// Its lease ran out, and the reconciler picks it up on its next
+		// pass: the retry is worth making.
+		return m.problem(codes.Aborted, contract.CodeInProgress,
+			"an earlier attempt with this idempotency key stopped before its outcome was recorded, and the service is finding out "+
+				"what became of it; retry with the same key later: the retry gets that outcome once it is known", m.opts.ReconcileEvery, nil)
 	case errors.Is(err, contract.ErrOutcomePending):
+		what := "may or may not have taken effect"
+		if errors.As(err, &ke) {
+			switch ke.State {
+			case contract.StateFailed:
+				what = "failed, and the key stays spent"
+			case contract.StateInProgress:
+				what = "stopped before its outcome was recorded, so it may or may not have taken effect"
+			}
+		}
 		return m.problem(codes.FailedPrecondition, contract.CodeOutcomePending,
-			"an earlier attempt with this idempotency key has an outcome that is not known yet; it must be resolved first", 0, nil)
+			"an earlier attempt with this idempotency key "+what+"; every retry with this key gets this answer "+
+				"until the service's operator resolves it (idem resolve). Do not send the call under a new key: it would run again", 0, nil)
 	case errors.Is(err, contract.ErrInvalidScope):
 		return m.problem(codes.InvalidArgument, contract.CodeKeyInvalid, err.Error(), 0, nil)
+	case errors.Is(err, contract.ErrClockBehind):
+		// The store logs and counts it; a line per call would drown that
+		// one.
+		return m.problem(codes.Unavailable, contract.CodeClockBehind,
+			"the server's clock is behind the time its idempotency store last recorded, so nothing runs until the clock is right; retry with the same key",
+			contract.ClockBehindRetry, nil)
 	default:
 		m.opts.Logger.Error("idemgrpc: claim failed", "err", err)
 		return m.problem(codes.Unavailable, contract.CodeStoreUnavailable,

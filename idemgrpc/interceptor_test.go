@@ -363,3 +363,54 @@ func TestOptionsValidation(t *testing.T) {
 		assert.True(t, strings.HasPrefix(line, "idemgrpc: "), line)
 	}
 }
+
+// TestOverdueClaimAnswer: a retry that finds a claim past its lease is told
+// to come back when a reconciler settles such claims, and that an operator
+// must resolve it when none does; unknown records always need the operator.
+func TestOverdueClaimAnswer(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		every   time.Duration
+		code    codes.Code
+		reason  string
+		contain string
+	}{
+		{"no reconciler", 0, codes.FailedPrecondition, contract.CodeOutcomePending,
+			"stopped before its outcome was recorded, so it may or may not have taken effect; " +
+				"every retry with this key gets this answer until the service's operator resolves it (idem resolve)"},
+		{"reconciler", time.Minute, codes.Aborted, contract.CodeInProgress,
+			"the service is finding out what became of it; retry with the same key later"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clock := idemtest.NewClock()
+			store := idemtest.NewMemStore(&idemtest.MemOptions{Now: clock.Now})
+			crashed := setup(t, idemgrpc.Options{Store: idemtest.Forgetful(store)})
+			_, _, err := crashed.call(t, payMethod, "acme", payment(t, 42), "k")
+			require.NoError(t, err)
+
+			e := setup(t, idemgrpc.Options{Store: store, ReconcileEvery: c.every})
+			clock.Advance(time.Hour) // past the lease, within the TTL
+			_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "k")
+			st := refused(t, err, c.code, c.reason)
+			assert.Contains(t, st.Message(), c.contain)
+			assert.NotContains(t, st.Message(), "reconcil", "the message names no mechanism the client cannot see")
+			if ri := retryInfo(st); c.every > 0 && assert.NotNil(t, ri) {
+				assert.Equal(t, c.every, ri.GetRetryDelay().AsDuration())
+			} else {
+				assert.Nil(t, ri)
+			}
+			assert.Zero(t, e.runs.Load(), "an overdue claim is never re-run blindly")
+
+			// An unknown record: only an operator settles it, reconciler
+			// or not.
+			e.app = func(context.Context, string, *structpb.Struct) (*wrapperspb.StringValue, error) {
+				return nil, errors.New("the bank did not answer")
+			}
+			e.call(t, payMethod, "acme", payment(t, 42), "u")
+			_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "u")
+			st = refused(t, err, codes.FailedPrecondition, contract.CodeOutcomePending)
+			assert.Contains(t, st.Message(), "may or may not have taken effect")
+			assert.Nil(t, retryInfo(st))
+		})
+	}
+}

@@ -511,12 +511,6 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	}
 }
 
-// clockBehindRetry is the Retry-After of a clock_behind answer. A clock
-// behind is usually put right by time synchronisation within seconds of
-// the network coming up; a client that comes back sooner only gets the
-// same answer.
-const clockBehindRetry = 5 * time.Second
-
 // refuse answers a claim that did not get the key.
 func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, status int) {
 	var ke *contract.KeyError
@@ -553,7 +547,7 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 		// The store logs and counts it; a line per request would drown
 		// that one.
 		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeClockBehind,
-			Detail: "the server's clock is behind the time its idempotency store last recorded, so nothing runs until the clock is right; retry with the same key"}, clockBehindRetry)
+			Detail: "the server's clock is behind the time its idempotency store last recorded, so nothing runs until the clock is right; retry with the same key"}, contract.ClockBehindRetry)
 	default:
 		m.opts.Logger.Error("idemhttp: claim failed", "err", err)
 		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
