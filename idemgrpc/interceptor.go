@@ -269,17 +269,8 @@ func (m *interceptor) refuse(err error) error {
 			"an earlier attempt with this idempotency key stopped before its outcome was recorded, and the service is finding out "+
 				"what became of it; retry with the same key later: the retry gets that outcome once it is known", m.opts.ReconcileEvery, nil)
 	case errors.Is(err, contract.ErrOutcomePending):
-		what := "may or may not have taken effect"
-		if errors.As(err, &ke) {
-			switch ke.State {
-			case contract.StateFailed:
-				what = "failed, and the key stays spent"
-			case contract.StateInProgress:
-				what = "stopped before its outcome was recorded, so it may or may not have taken effect"
-			}
-		}
 		return m.problem(codes.FailedPrecondition, contract.CodeOutcomePending,
-			"an earlier attempt with this idempotency key "+what+"; every retry with this key gets this answer "+
+			"an earlier attempt with this idempotency key "+contract.PendingOutcome(err)+"; every retry with this key gets this answer "+
 				"until the service's operator resolves it (idem resolve). Do not send the call under a new key: it would run again", 0, nil)
 	case errors.Is(err, contract.ErrInvalidScope):
 		return m.problem(codes.InvalidArgument, contract.CodeKeyInvalid, err.Error(), 0, nil)
