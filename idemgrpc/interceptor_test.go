@@ -349,13 +349,14 @@ func TestReplayOfAnUnknownType(t *testing.T) {
 
 func TestOptionsValidation(t *testing.T) {
 	_, err := idemgrpc.UnaryServerInterceptor(idemgrpc.Options{
-		Required:     []string{payMethod, "Pay", "/test.Payments/", "//Pay", "/a/b/c"},
-		Wait:         -time.Second,
-		MismatchCode: 99,
+		Required:       []string{payMethod, "Pay", "/test.Payments/", "//Pay", "/a/b/c"},
+		Wait:           -time.Second,
+		ReconcileEvery: -time.Second,
+		MismatchCode:   99,
 	})
 	require.Error(t, err)
 	msg := err.Error()
-	for _, want := range []string{"Store", "Tenant", `"Pay"`, `"/test.Payments/"`, `"//Pay"`, `"/a/b/c"`, "Wait", "MismatchCode"} {
+	for _, want := range []string{"Store", "Tenant", `"Pay"`, `"/test.Payments/"`, `"//Pay"`, `"/a/b/c"`, "Wait", "ReconcileEvery", "MismatchCode"} {
 		assert.Contains(t, msg, want)
 	}
 	assert.NotContains(t, msg, `"`+payMethod+`"`)

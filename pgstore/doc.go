@@ -22,16 +22,16 @@
 //
 // # Guarantees
 //
-// The primary key is the concurrency control. A claim of a new key is an
-// INSERT ... ON CONFLICT DO NOTHING; one that meets a row reads it, and a
-// replay or a refusal ends there, having written and locked nothing. A
-// row that has expired is taken over by an INSERT ... ON CONFLICT DO
-// UPDATE that replaces it only then, so of any number of callers on any
-// number of replicas exactly one wins a fresh or expired key; a caller
-// that meets a row committed since its read reads again. Which statement
-// goes first follows the store's recent claims: the insert while most
-// keys were new, the read while most met a row (a retry storm), so that
-// each case costs one statement when it is the usual one. Every lease
+// The primary key is the concurrency control. A claim runs up to two of
+// three statements: an INSERT ... ON CONFLICT DO NOTHING for a new key, a
+// read of the live row, at which a replay or a refusal ends having
+// written and locked nothing, and an INSERT ... ON CONFLICT DO UPDATE
+// that takes over a row only once it has expired. So of any number of
+// callers on any number of replicas exactly one wins a fresh or expired
+// key; a caller that meets a row committed since its read reads again.
+// Which goes first follows the store's recent claims: the first insert
+// while most keys were new, the read while most met a row (a retry
+// storm), so that each case costs one statement when it is the usual one. Every lease
 // call names the lease's token in its WHERE: a holder whose record was
 // taken over, released or expired changes nothing and gets
 // contract.ErrLeaseLost. Completed responses and fingerprints are never

@@ -36,7 +36,7 @@ type Store struct {
 
 	tally     contract.Tally
 	reclaimed atomic.Int64 // bytes of the records swept since Open
-	met       atomic.Int32 // see claimOrder
+	met       atomic.Int32 // see insertFirst
 
 	closed    atomic.Bool
 	closing   chan struct{} // closed by Close, to wake waiters
@@ -390,8 +390,12 @@ func (s *Store) noteMet(found bool) {
 	if found {
 		d = 1
 	}
-	if v := s.met.Add(d); v > metBound || v < -metBound {
-		s.met.Add(-d)
+	for {
+		v := s.met.Load()
+		n := min(max(v+d, -metBound), metBound)
+		if n == v || s.met.CompareAndSwap(v, n) {
+			return
+		}
 	}
 }
 

@@ -117,6 +117,40 @@ func TestReplicasOneWinner(t *testing.T) {
 	assert.Equal(t, 1, winners)
 }
 
+// The order is the order of the statements: a table locked against
+// inserts holds up a replay that inserts first, and not one that reads
+// first.
+func TestClaimOrderIsTheStatements(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	s := open(t, dsn, &pgstore.Options{Now: idemtest.NewClock().Now})
+	done := scope("done")
+	l, _, err := s.Claim(t.Context(), done, fp)
+	require.NoError(t, err)
+	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+
+	conn, err := pgx.Connect(t.Context(), dsn)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(t.Context())
+	require.NoError(t, err)
+	defer tx.Rollback(context.Background())
+	_, err = tx.Exec(t.Context(), "LOCK TABLE idempotency_keys IN SHARE MODE")
+	require.NoError(t, err)
+
+	pgstore.SetInsertFirst(s, false)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	_, rec, err := s.Claim(ctx, done, fp)
+	require.NoError(t, err, "a plain read passes the lock")
+	require.NotNil(t, rec)
+
+	pgstore.SetInsertFirst(s, true)
+	ctx, cancel = context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, _, err = s.Claim(ctx, done, fp)
+	assert.Error(t, err, "the insert waits for the lock until the deadline")
+}
+
 // A claim of a live record only reads it: the replay and the refusal
 // neither write the row nor lock it, so neither waits for a commit to
 // reach the disk. A row lock would leave the claim's transaction id in
