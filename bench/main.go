@@ -13,7 +13,8 @@
 // Markdown table with ratios to the baselines and the goals, and
 // writes it with two SVG charts (throughput.svg, p99.svg) to -out.
 // Embedded stores live in a temporary directory under -data (not /tmp,
-// which may be memory), removed at the end. bench/run.sh starts PostgreSQL and Redis and runs everything.
+// which may be memory), removed at the end. bench/run.sh starts
+// PostgreSQL and Redis and runs everything.
 package main
 
 import (
@@ -281,9 +282,7 @@ func run(ctx context.Context, cfg config, dataDir string) (results, error) {
 			return row{}, fmt.Errorf("drain: %w", err)
 		}
 		cw := cellWearOf(before, after, r.ops)
-		if len(w.devs) == 0 {
-			cw.dev, cw.background, cw.noDev = 0, 0, w.noDev
-		}
+		cw.noDev = w.noDev // set only when there is no device, whose readings are then zero
 		r.wear = &cw
 		return r, nil
 	})

@@ -139,13 +139,10 @@ type reconciler struct {
 }
 
 func newReconciler(u *lookupURL, timeout time.Duration, maxBody int64, attempts int, log *slog.Logger) *reconciler {
-	// The answer is stored as it came, with its own Content-Encoding, so
-	// that a replay can decode it for a client that does not accept it.
-	tr := upstreamTransport()
 	return &reconciler{
 		url: u,
 		client: &http.Client{
-			Transport: tr,
+			Transport: upstreamTransport(),
 			// A redirect is not an answer: followed, a login page would
 			// pass for the operation's response.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

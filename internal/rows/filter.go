@@ -66,8 +66,8 @@ const (
 )
 
 // filterKeysWithin returns the capacity of the largest filter that fits in
-// bytes, or 0, no bound, when bytes is 0. A bound too small for even the
-// first filter allows none.
+// bytes, or 0, no bound, when bytes is 0, or -1, no filter at all, when
+// even the first filter does not fit.
 func filterKeysWithin(bytes int64) int64 {
 	if bytes <= 0 {
 		return 0
