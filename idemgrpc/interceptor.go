@@ -265,9 +265,7 @@ func (m *interceptor) refuse(err error) error {
 	case errors.Is(err, contract.ErrOutcomePending) && errors.As(err, &ke) && ke.State == contract.StateInProgress && m.opts.ReconcileEvery > 0:
 		// Its lease ran out, and the reconciler picks it up on its next
 		// pass: the retry is worth making.
-		return m.problem(codes.Aborted, contract.CodeInProgress,
-			"an earlier attempt with this idempotency key stopped before its outcome was recorded, and the service is finding out "+
-				"what became of it; retry with the same key later: the retry gets that outcome once it is known", m.opts.ReconcileEvery, nil)
+		return m.problem(codes.Aborted, contract.CodeInProgress, contract.ReconcilingDetail, m.opts.ReconcileEvery, nil)
 	case errors.Is(err, contract.ErrOutcomePending):
 		return m.problem(codes.FailedPrecondition, contract.CodeOutcomePending,
 			"an earlier attempt with this idempotency key "+contract.PendingOutcome(err)+"; every retry with this key gets this answer "+
@@ -277,9 +275,7 @@ func (m *interceptor) refuse(err error) error {
 	case errors.Is(err, contract.ErrClockBehind):
 		// The store logs and counts it; a line per call would drown that
 		// one.
-		return m.problem(codes.Unavailable, contract.CodeClockBehind,
-			"the server's clock is behind the time its idempotency store last recorded, so nothing runs until the clock is right; retry with the same key",
-			contract.ClockBehindRetry, nil)
+		return m.problem(codes.Unavailable, contract.CodeClockBehind, contract.ClockBehindDetail, contract.ClockBehindRetry, nil)
 	default:
 		m.opts.Logger.Error("idemgrpc: claim failed", "err", err)
 		return m.problem(codes.Unavailable, contract.CodeStoreUnavailable,

@@ -525,8 +525,7 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 		// Its lease ran out, and the reconciler picks it up on its next
 		// pass: the retry is worth making.
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
-			Detail: "an earlier attempt with this idempotency key stopped before its outcome was recorded, and the service is finding out " +
-				"what became of it; retry with the same key later: the retry gets that outcome once it is known"}, m.opts.ReconcileEvery)
+			Detail: contract.ReconcilingDetail}, m.opts.ReconcileEvery)
 	case errors.Is(err, contract.ErrOutcomePending):
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
 			Detail: "an earlier attempt with this idempotency key " + contract.PendingOutcome(err) + "; every retry with this key gets this answer " +
@@ -538,7 +537,7 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 		// The store logs and counts it; a line per request would drown
 		// that one.
 		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeClockBehind,
-			Detail: "the server's clock is behind the time its idempotency store last recorded, so nothing runs until the clock is right; retry with the same key"}, contract.ClockBehindRetry)
+			Detail: contract.ClockBehindDetail}, contract.ClockBehindRetry)
 	default:
 		m.opts.Logger.Error("idemhttp: claim failed", "err", err)
 		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
