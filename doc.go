@@ -1,93 +1,20 @@
-// Package idem makes retried API writes safe: it stores idempotency keys
-// in an embedded Pebble database inside your process, so that an operation
-// a client retries runs once.
+// Package idem is the contract of idempotency keys that makes retried API
+// writes safe: a client names one logical operation with a key and sends
+// it on every retry, and the server runs the operation once and answers
+// every repeat with the first answer.
 //
-// # Basics
+// The package holds the contract's words and imports no storage engine:
+// the Scope a key lives in, the Fingerprint of a canonical request, the
+// Record a store keeps and its State, the errors a claim is refused with,
+// the Store, Lease and Operator interfaces every backend implements, Do
+// (which runs an operation at most once under a claim), the HTTP header
+// names and problem codes, and the canonicalizer behind fingerprints.
 //
-// Open a store with Open and keep the *DB for the life of the process.
-// Name each operation with a Scope (tenant, endpoint, the client's key)
-// and a Fingerprint of its canonical request (Request.Fingerprint), then
-// either let Do run it once and record what it returns, or drive the claim
-// by hand:
-//
-//	lease, replay, err := db.Claim(ctx, scope, fp)
-//
-// The first claim of a key gets a Lease: run the operation, then Complete
-// the lease with its Response (or Release it when nothing happened, or
-// MarkUnknown it when something may have). A repeat of a completed key
-// gets the stored Record to replay. A repeat while the operation runs gets
-// ErrInProgress, the same key with another request ErrFingerprintMismatch,
-// and a key whose earlier outcome is unknown ErrOutcomePending, each in a
-// *KeyError.
-//
-// These words, and the Store and Lease interfaces that *DB implements,
-// belong to the contract (package contract), which a second backend, a
-// client or a fuzzer imports without the embedded engine. Package idemhttp
-// applies the contract to net/http handlers, idemclient is its client
-// half, and idemtest holds the conformance suite and an in-memory store
-// for tests.
-//
-// # Durability
-//
-// Every change of state is synced to Pebble's write-ahead log before the
-// call that made it returns: the claim before the operation may run, the
-// completion before the response may be sent. Concurrent writers share one
-// sync. A failure to write or sync the log, or a blob file, while the
-// store is live ends the process with exit status 74 and a line naming the
-// failed operation, since carrying on could acknowledge a write that is
-// not on disk. A full disk during a flush or compaction ends it the same
-// way; what was acknowledged is still in the log or in the compaction's
-// input, and the store opens again once there is room.
-//
-// # Crashes and unknown outcomes
-//
-// A crash leaves claims in progress. They are never re-run on their own and
-// never turned into a made-up success: once their lease runs out, Overdue
-// lists them, Options.Reconcile gets a lease on each to record what really
-// happened, and until then a retry gets ErrOutcomePending. DownstreamKey
-// gives the deterministic key to forward to a payment provider, so that a
-// reconciler asking again is deduplicated there too.
-//
-// # Operating a store
-//
-// Records lists what is stored, TakeOver gives a person or a tool a lease
-// on a stuck record (never on a completed one, never while a live lease may
-// still be at work), Metrics counts every Event, and Options.Events logs
-// each one with a hash of the key rather than the key. Check reads the
-// whole store and reports every record, index entry or body chunk that
-// breaks the invariants between them, as Problems with stable kinds. The
-// idem command wraps all of this for people.
-//
-// # Expiry
-//
-// Records expire after Options.TTL (per endpoint with Options.EndpointTTL).
-// Expired records read as absent at once; a background sweep deletes them
-// with their index entries and body chunks and compacts the cleared spans
-// so the disk shrinks again. Over HTTP, package idemhttp gives each stored
-// answer and each replay an Idempotency-Key-Expires header, the record's
-// ExpiresAt as an HTTP-date, so that clients learn the window at run time.
-//
-// # Time and clocks
-//
-// Every time a record holds comes from Options.Now. A clock that is
-// behind (a device without a battery-backed clock starts in 1970 until
-// the network is up; time synchronisation also steps clocks back) would
-// write records that expire, and leases that end, early once the clock is
-// put right, and a retry would then run the operation again. So the store
-// keeps a clock mark, the newest clock reading it has written under,
-// durably with the writes it syncs anyway, and while the clock reads
-// further behind the mark than Options.ClockTolerance (5 seconds by
-// default), Claim and TakeOver fail with ErrClockBehind and store nothing.
-// Each refusal counts as the clock_behind event (idem_clock_behind_total),
-// the first of a run of them is logged with how far behind the clock is,
-// and idemhttp answers 503 clock_behind with Retry-After. Leases already
-// granted still store their outcome; reads, sweeps and reconciliation go
-// by the clock as it reads. Fix the clock and claims resume by
-// themselves. The mark only moves forward, so a mark that a clock wrongly
-// ahead left behind holds claims back until the clock passes it.
-//
-// A clock that jumps ahead expires records early, and the sweep then
-// deletes them: nothing tells such a jump from a store left idle, so the
-// sweep logs once when the clock is past the expiry of everything written
-// up to the mark. Start the service once the clock is right.
+// The backends live beside it: pebblestore embeds the store in your
+// process (the default, no server to run), pgstore shares it between
+// replicas on PostgreSQL, and idemtest's MemStore keeps it in memory for
+// tests, with the conformance suite all three pass. idemhttp applies the
+// contract to net/http handlers, idemgrpc to gRPC, idemclient is the
+// client's half, and the idem command runs it in front of any HTTP
+// service.
 package idem

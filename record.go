@@ -1,24 +1,84 @@
 package idem
 
-import "github.com/idemkv/idem/contract"
-
-// A record is one row of the reference's idempotency_keys table. Its
-// types are the contract's, named here too; the embedded store's encoding
-// of one in a Pebble value lives in internal/record, and its keys in
-// internal/keys.
-type (
-	Record   = contract.Record   // see contract.Record
-	State    = contract.State    // see contract.State
-	Response = contract.Response // see contract.Response
+import (
+	"fmt"
+	"net/http"
+	"time"
 )
 
-// The states of a record; see contract.State.
+// State is where a record stands in the claim lifecycle. The zero value means
+// that no record exists.
+type State uint8
+
+// The states of a record. Only StateCompleted is ever replayed.
 const (
-	StateInProgress = contract.StateInProgress
-	StateCompleted  = contract.StateCompleted
-	StateFailed     = contract.StateFailed
-	StateUnknown    = contract.StateUnknown
+	// StateInProgress: a caller holds the lease and the operation may be
+	// running now.
+	StateInProgress State = iota + 1
+	// StateCompleted: the response is stored and every repeat replays it.
+	StateCompleted
+	// StateFailed: the operation is known not to have taken effect, but the
+	// key stays spent until an operator or the TTL frees it.
+	StateFailed
+	// StateUnknown: the operation may have taken effect; a person or a
+	// reconciler must find out before anything else happens to the key.
+	StateUnknown
 )
 
-// ParseState is contract.ParseState.
-func ParseState(name string) (State, error) { return contract.ParseState(name) }
+var stateNames = [...]string{"none", "in_progress", "completed", "failed", "unknown"}
+
+// String returns the state's name as the reference schema spells it
+// (in_progress, completed, failed, unknown), or "none" for the zero value.
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// ParseState is the inverse of State.String for the four real states.
+func ParseState(name string) (State, error) {
+	for i, n := range stateNames[1:] {
+		if n == name {
+			return State(i + 1), nil
+		}
+	}
+	return 0, fmt.Errorf("idem: unknown state %q", name)
+}
+
+// Response is what a completed operation answered, kept for replay.
+type Response struct {
+	// Status is the HTTP status code, 100 to 999.
+	Status int
+	// Header holds the response headers to replay. A nil map stores none.
+	Header http.Header
+	// Body is the response body. Bodies longer than the store's body cap
+	// are not stored; see Record.BodyOmitted.
+	Body []byte
+}
+
+// Record is one stored idempotency record. Records a store returns are
+// copies that the caller owns.
+type Record struct {
+	Scope       Scope
+	Fingerprint Fingerprint
+	State       State
+	// Response is set for completed records.
+	Response Response
+	// BodyOmitted reports whether the response body was too large to keep;
+	// BodyLen and BodyDigest still describe it.
+	BodyOmitted bool
+	// BodyLen and BodyDigest (SHA-256) describe the response body as it was
+	// produced, whether or not it was kept.
+	BodyLen    int64
+	BodyDigest [32]byte
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	ExpiresAt  time.Time
+	// LeaseUntil is when the current holder's lease runs out (in progress),
+	// or when the record left that state.
+	LeaseUntil time.Time
+	// Attempts counts the leases granted on this record: 1 for the first
+	// claim, plus one for each takeover by a reconciler or an operator.
+	Attempts uint32
+}

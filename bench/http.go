@@ -19,6 +19,8 @@ import (
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemtest"
+	"github.com/idemkv/idem/internal/pebblefs"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // httpSystem is idem as a service sees it: a net/http server on loopback
@@ -26,7 +28,7 @@ import (
 // the body, and a keep-alive client. A claim+complete is one POST with a
 // fresh key; a replay is the same POST again.
 type httpSystem struct {
-	db     *idem.DB
+	db     *pebblestore.Store
 	srv    *http.Server
 	url    string
 	client *http.Client
@@ -38,7 +40,7 @@ type httpSystem struct {
 const tenantHeader = "X-Bench-Tenant"
 
 func openIdemHTTP(e env) (system, error) {
-	db, err := idem.Open(e.dir, nil)
+	db, err := pebblestore.Open(e.dir, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +74,7 @@ func newClient(maxConc, hosts int) *http.Client {
 // newHandler is the server's handler: the middleware, its tenant from
 // tenantHeader, in front of a handler that answers 201 with the body of
 // the request's key.
-func newHandler(db *idem.DB, bodies bodies) (http.Handler, error) {
+func newHandler(db *pebblestore.Store, bodies bodies) (http.Handler, error) {
 	mw, err := idemhttp.New(idemhttp.Options{
 		Store:  db,
 		Tenant: func(r *http.Request) (string, error) { return r.Header.Get(tenantHeader), nil },
@@ -190,7 +192,7 @@ func newNoopBench(mem bool) (*noopBench, error) {
 			return err
 		}
 	} else {
-		db, err := idem.Open("db", &idem.Options{FS: vfs.NewMem(), SweepInterval: -1})
+		db, err := pebblestore.Open("db", pebblefs.With(&pebblestore.Options{SweepInterval: -1}, vfs.NewMem()))
 		if err != nil {
 			return nil, err
 		}

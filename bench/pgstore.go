@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/pgstore"
 )
 
@@ -102,8 +102,8 @@ func dsnWith(dsn string, params map[string]string) (string, error) {
 	return b.String(), nil
 }
 
-func (p *pgstoreSystem) scope(o op) contract.Scope {
-	return contract.Scope{Tenant: o.tenant, Endpoint: endpoint, Key: o.key}
+func (p *pgstoreSystem) scope(o op) idem.Scope {
+	return idem.Scope{Tenant: o.tenant, Endpoint: endpoint, Key: o.key}
 }
 
 func (p *pgstoreSystem) claimComplete(ctx context.Context, o op, body []byte) error {
@@ -114,7 +114,7 @@ func (p *pgstoreSystem) claimComplete(ctx context.Context, o op, body []byte) er
 	if l == nil {
 		return errors.New("bench: key exists")
 	}
-	return l.Complete(ctx, contract.Response{Status: 201, Header: benchHeader, Body: body})
+	return l.Complete(ctx, idem.Response{Status: 201, Header: benchHeader, Body: body})
 }
 
 func (p *pgstoreSystem) replay(ctx context.Context, o op) ([]byte, error) {
@@ -122,7 +122,7 @@ func (p *pgstoreSystem) replay(ctx context.Context, o op) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil || rec.State != contract.StateCompleted {
+	if rec == nil || rec.State != idem.StateCompleted {
 		return nil, errors.New("bench: replay found no completed record")
 	}
 	return rec.Response.Body, nil

@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/crashtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // proxySystem is one or more real `idem proxy` processes in front of one
@@ -264,7 +264,7 @@ func (s *proxySystem) syncsPerOp() float64 {
 	if err != nil {
 		return 0
 	}
-	return s.syncs.perOp(f[idem.FigureCommits], f[idem.FigureSyncs])
+	return s.syncs.perOp(f[pebblestore.FigureCommits], f[pebblestore.FigureSyncs])
 }
 
 // bytesWritten is the embedded store's own count of the bytes it wrote to
@@ -274,7 +274,7 @@ func (s *proxySystem) bytesWritten(context.Context) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, ok := f[idem.FigureBytesWritten]
+	n, ok := f[pebblestore.FigureBytesWritten]
 	if !ok {
 		return 0, errors.New("bench: the proxy reports no bytes written")
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/internal/pebblefs"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // The store benchmarks run the harness's workloads under testing.B, named
@@ -105,13 +107,13 @@ func BenchmarkReplay(b *testing.B) {
 // openIdemBench opens idem on the disk (sync=true) or on an in-memory
 // filesystem whose sync is free (sync=false), so that the two sub-benchmarks
 // separate idem's own work from the disk's.
-func openIdemBench(b *testing.B, sync bool) *idem.DB {
+func openIdemBench(b *testing.B, sync bool) *pebblestore.Store {
 	b.Helper()
-	opts, dir := &idem.Options{SweepInterval: -1}, b.TempDir()
+	opts, dir := &pebblestore.Options{SweepInterval: -1}, b.TempDir()
 	if !sync {
-		opts.FS, dir = vfs.NewMem(), "db"
+		opts, dir = pebblefs.With(opts, vfs.NewMem()), "db"
 	}
-	db, err := idem.Open(dir, opts)
+	db, err := pebblestore.Open(dir, opts)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -185,7 +187,7 @@ func BenchmarkComplete(b *testing.B) {
 
 // claimBatch claims n fresh keys from 16 goroutines, so that the claims
 // share syncs and the refill stays short.
-func claimBatch(b *testing.B, db *idem.DB, n int) []idem.Lease {
+func claimBatch(b *testing.B, db *pebblestore.Store, n int) []idem.Lease {
 	leases := make([]idem.Lease, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup

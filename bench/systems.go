@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // op is one logical operation of the workload: a tenant, a key and the
@@ -66,7 +67,7 @@ type noReplay interface{ noReplay() }
 
 // idemSystem is the idem library on its default options.
 type idemSystem struct {
-	db    *idem.DB
+	db    *pebblestore.Store
 	syncs syncCounter
 }
 
@@ -86,33 +87,33 @@ func (c *syncCounter) perOp(totalCommits, totalSyncs float64) float64 {
 
 // dbSyncsPerOp is syncCounter.perOp over db's own figures, 0 when they
 // cannot be read.
-func dbSyncsPerOp(db *idem.DB, c *syncCounter) float64 {
+func dbSyncsPerOp(db *pebblestore.Store, c *syncCounter) float64 {
 	m, err := db.Metrics(context.Background())
 	if err != nil {
 		return 0
 	}
-	commits, _ := m.Figure(idem.FigureCommits)
-	syncs, _ := m.Figure(idem.FigureSyncs)
+	commits, _ := m.Figure(pebblestore.FigureCommits)
+	syncs, _ := m.Figure(pebblestore.FigureSyncs)
 	return c.perOp(commits, syncs)
 }
 
 // dbBytesWritten is what the embedded store counts it wrote to its
-// files (idem.FigureBytesWritten): logs and the zeros kept ahead of them,
+// files (pebblestore.FigureBytesWritten): logs and the zeros kept ahead of them,
 // tables, blob files, manifests.
-func dbBytesWritten(ctx context.Context, db *idem.DB) (uint64, error) {
+func dbBytesWritten(ctx context.Context, db *pebblestore.Store) (uint64, error) {
 	m, err := db.Metrics(ctx)
 	if err != nil {
 		return 0, err
 	}
-	n, ok := m.Figure(idem.FigureBytesWritten)
+	n, ok := m.Figure(pebblestore.FigureBytesWritten)
 	if !ok {
-		return 0, errors.New("bench: the store's metrics have no " + idem.FigureBytesWritten)
+		return 0, errors.New("bench: the store's metrics have no " + pebblestore.FigureBytesWritten)
 	}
 	return uint64(n), nil
 }
 
 func openIdem(e env) (system, error) {
-	db, err := idem.Open(e.dir, nil)
+	db, err := pebblestore.Open(e.dir, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,8 @@ import (
 
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemtest"
+	"github.com/idemkv/idem/internal/pebblefs"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // FuzzOps runs a program of store operations, each chosen by the fuzzer's
@@ -99,7 +101,7 @@ type opsHarness struct {
 	t       *testing.T
 	ctx     context.Context
 	fs      *vfs.MemFS
-	db      *idem.DB
+	db      *pebblestore.Store
 	clock   *idemtest.Clock
 	epoch   int
 	leases  [opsKeys][]opsLeaseEntry // every lease granted per key, newest last
@@ -120,11 +122,10 @@ func newOpsHarness(t *testing.T) *opsHarness {
 func (h *opsHarness) open() {
 	// No background loop: sweeps and reconciliation passes run only as
 	// steps, so reconcileOne runs on the test's goroutine, between steps.
-	db, err := idem.Open("db", &idem.Options{
-		FS: h.fs, SweepInterval: -1, Lease: opsLease, TTL: opsTTL,
+	db, err := pebblestore.Open("db", pebblefs.With(&pebblestore.Options{SweepInterval: -1, Lease: opsLease, TTL: opsTTL,
 		InlineBodyBytes: opsInlineBody, MaxBodyBytes: opsMaxBody,
 		Now: h.clock.Now, Reconcile: h.reconcileOne, Logger: slog.New(slog.DiscardHandler),
-	})
+	}, h.fs))
 	require.NoError(h.t, err)
 	h.db = db
 	h.epoch++

@@ -15,10 +15,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemclient"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // idemServer is the real server half of the contract: an idemhttp
@@ -26,7 +26,7 @@ import (
 // next responses after the outcome is committed, the failure idempotency
 // keys exist for.
 type idemServer struct {
-	db         *idem.DB
+	db         *pebblestore.Store
 	drops      atomic.Int32 // responses still to drop
 	executions atomic.Int32 // times the operation really ran
 	srv        *httptest.Server
@@ -99,12 +99,12 @@ func TestEndToEndDroppedResponses(t *testing.T) {
 
 	// The same key with another body is a client bug: 422, not retried.
 	req := post(t, context.Background(), s.srv.URL+"/orders", `{"sku":"tea","qty":3}`)
-	req.Header.Set(contract.HeaderKey, idemclient.Key(resp))
+	req.Header.Set(idem.HeaderKey, idemclient.Key(resp))
 	resp2, err := client.Do(req)
 	require.NoError(t, err)
 	defer resp2.Body.Close()
 	assert.Equal(t, http.StatusUnprocessableEntity, resp2.StatusCode)
-	assert.Equal(t, contract.CodeKeyReuse, idemclient.ProblemCode(resp2))
+	assert.Equal(t, idem.CodeKeyReuse, idemclient.ProblemCode(resp2))
 	assert.Equal(t, 1, idemclient.Attempts(resp2))
 	assert.Equal(t, int32(1), s.executions.Load())
 }
@@ -126,7 +126,7 @@ func TestEndToEndInProgress(t *testing.T) {
 	}
 	tr := newTransport(t, sleeping(c, &idemclient.Options{Base: noReuse(), Backoff: zeroBackoff, Now: c.Now}))
 	req := post(t, context.Background(), s.srv.URL+"/orders", body)
-	req.Header.Set(contract.HeaderKey, key)
+	req.Header.Set(idem.HeaderKey, key)
 	resp, err := tr.RoundTrip(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -159,7 +159,7 @@ func TestEndToEndOutcomePending(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, contract.CodeOutcomePending, idemclient.ProblemCode(resp))
+	assert.Equal(t, idem.CodeOutcomePending, idemclient.ProblemCode(resp))
 	assert.Equal(t, 1, idemclient.Attempts(resp))
 	_, done, err := store.Lookup(context.Background(), "order-9")
 	require.NoError(t, err)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemclient"
 	fake "github.com/idemkv/idem/idemtest"
 )
@@ -145,7 +145,7 @@ func (f *flaky) requests() []seen {
 func (f *flaky) keys() []string {
 	var ks []string
 	for _, s := range f.requests() {
-		ks = append(ks, s.header.Get(contract.HeaderKey))
+		ks = append(ks, s.header.Get(idem.HeaderKey))
 	}
 	return ks
 }

@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // KeyStore keeps the key of each named operation (see WithOperation)
@@ -24,7 +24,7 @@ import (
 // The Transport calls it only for requests that carry an operation name,
 // so op is never empty, and key is never empty either. An implementation
 // may bound their lengths and refuse longer ones with an error
-// (StoreKeyStore takes names of at most contract.MaxKeyBytes).
+// (StoreKeyStore takes names of at most idem.MaxKeyBytes).
 //
 // Both methods should give up when ctx is done and return its error.
 type KeyStore interface {
@@ -46,7 +46,7 @@ type KeyStore interface {
 	//
 	// Saves of one operation that overlap must agree: every one that
 	// succeeds returns the same key. A Save may instead fail, with an
-	// error matching contract.ErrInProgress, because another is under
+	// error matching idem.ErrInProgress, because another is under
 	// way, as StoreKeyStore's does rather than wait.
 	//
 	// When Save fails the Transport sends nothing and returns the error
@@ -149,8 +149,8 @@ const (
 // second claim of an operation's record finds the first one completed and
 // reads it back, instead of being refused as a different request.
 var (
-	keyFingerprint  contract.Fingerprint = sha256.Sum256([]byte("idemclient key record v1"))
-	doneFingerprint contract.Fingerprint = sha256.Sum256([]byte("idemclient done record v1"))
+	keyFingerprint  idem.Fingerprint = sha256.Sum256([]byte("idemclient key record v1"))
+	doneFingerprint idem.Fingerprint = sha256.Sum256([]byte("idemclient done record v1"))
 )
 
 // StoreKeyStore is a KeyStore kept in an idem DB, the embedded store the
@@ -178,24 +178,24 @@ var (
 // only after Save returns, so it is safe to drop: call Reconcile from the
 // DB's Options.Reconcile.
 type StoreKeyStore struct {
-	db        contract.Store
+	db        idem.Store
 	namespace string
 }
 
 // NewStoreKeyStore returns a KeyStore that keeps its records in db under the
 // tenant namespace, which keeps clients that share one DB apart (at most
-// contract.MaxTenantBytes; may be empty). Operation names are the records'
-// keys, so they must be 1 to contract.MaxKeyBytes bytes long.
-func NewStoreKeyStore(db contract.Store, namespace string) *StoreKeyStore {
+// idem.MaxTenantBytes; may be empty). Operation names are the records'
+// keys, so they must be 1 to idem.MaxKeyBytes bytes long.
+func NewStoreKeyStore(db idem.Store, namespace string) *StoreKeyStore {
 	return &StoreKeyStore{db: db, namespace: namespace}
 }
 
-func (s *StoreKeyStore) scope(endpoint, op string) contract.Scope {
-	return contract.Scope{Tenant: s.namespace, Endpoint: endpoint, Key: op}
+func (s *StoreKeyStore) scope(endpoint, op string) idem.Scope {
+	return idem.Scope{Tenant: s.namespace, Endpoint: endpoint, Key: op}
 }
 
 // Save implements KeyStore. It fails with an error matching
-// contract.ErrInProgress if another caller is saving op at the same moment.
+// idem.ErrInProgress if another caller is saving op at the same moment.
 func (s *StoreKeyStore) Save(ctx context.Context, op, key string) (string, error) {
 	lease, rec, err := s.db.Claim(ctx, s.scope(KeyEndpoint, op), keyFingerprint)
 	if err != nil {
@@ -204,7 +204,7 @@ func (s *StoreKeyStore) Save(ctx context.Context, op, key string) (string, error
 	if rec != nil {
 		return string(rec.Response.Body), nil
 	}
-	if err := lease.Complete(ctx, contract.Response{Status: http.StatusOK, Body: []byte(key)}); err != nil {
+	if err := lease.Complete(ctx, idem.Response{Status: http.StatusOK, Body: []byte(key)}); err != nil {
 		// The key was never returned, so never sent: free the name again.
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return "", fmt.Errorf("idemclient: store key: %w", err)
@@ -225,7 +225,7 @@ func (s *StoreKeyStore) Done(ctx context.Context, op string, status int) error {
 	if lease == nil {
 		return nil // done already; the first status stands
 	}
-	if err := lease.Complete(ctx, contract.Response{Status: status}); err != nil {
+	if err := lease.Complete(ctx, idem.Response{Status: status}); err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return fmt.Errorf("idemclient: store done record: %w", err)
 	}
@@ -252,14 +252,14 @@ func (s *StoreKeyStore) Lookup(ctx context.Context, op string) (key string, stat
 // completed returns the completed record of op under endpoint, or nil if
 // there is none. A record still in progress counts as none: its Save or
 // Done never returned.
-func (s *StoreKeyStore) completed(ctx context.Context, endpoint, op string) (*contract.Record, error) {
+func (s *StoreKeyStore) completed(ctx context.Context, endpoint, op string) (*idem.Record, error) {
 	rec, err := s.db.Get(ctx, s.scope(endpoint, op))
 	switch {
-	case errors.Is(err, contract.ErrNotFound):
+	case errors.Is(err, idem.ErrNotFound):
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("idemclient: read %s record: %w", endpoint, err)
-	case rec.State != contract.StateCompleted:
+	case rec.State != idem.StateCompleted:
 		return nil, nil
 	}
 	return rec, nil
@@ -269,7 +269,7 @@ func (s *StoreKeyStore) completed(ctx context.Context, endpoint, op string) (*co
 // whether it was. Call it first from the DB's Options.Reconcile, so that a
 // key record left in progress by a crash frees its operation name: no key
 // was sent for it. Other records are left to the rest of the reconciler.
-func (s *StoreKeyStore) Reconcile(ctx context.Context, l contract.Lease) (bool, error) {
+func (s *StoreKeyStore) Reconcile(ctx context.Context, l idem.Lease) (bool, error) {
 	sc := l.Scope()
 	if sc.Tenant != s.namespace || (sc.Endpoint != KeyEndpoint && sc.Endpoint != DoneEndpoint) {
 		return false, nil

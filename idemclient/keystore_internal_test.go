@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // TestStoreKeyStoreReconcile: a process that stopped between claiming a key
@@ -19,7 +20,7 @@ func TestStoreKeyStoreReconcile(t *testing.T) {
 	ctx := context.Background()
 	var store *StoreKeyStore
 	var foreign int
-	db, clock := idemtest.Open(t, &idem.Options{Reconcile: func(ctx context.Context, l idem.Lease) error {
+	db, clock := idemtest.Open(t, &pebblestore.Options{Reconcile: func(ctx context.Context, l idem.Lease) error {
 		ok, err := store.Reconcile(ctx, l)
 		if !ok {
 			foreign++

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemclient"
 	"github.com/idemkv/idem/internal/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
@@ -45,17 +44,17 @@ type keyStoreImpl struct {
 // keyStoreImpls are the package's stores: in memory, where a restart is a
 // new Transport in the same process, and in a DB on an in-memory
 // filesystem, where a restart closes the DB and opens it again, with and
-// without a namespace. StoreKeyStore takes any contract.Store, so it is
+// without a namespace. StoreKeyStore takes any idem.Store, so it is
 // also tried on PostgreSQL, where a restart closes the pgstore.Store and
 // opens another on the same database.
 func keyStoreImpls() []keyStoreImpl {
 	inDB := func(ns string) keyStoreOpener {
 		return func(t testing.TB) (idemclient.KeyStore, func() idemclient.KeyStore) {
 			fs := vfs.NewMem()
-			db, _ := idemtest.Open(t, &idem.Options{FS: fs})
+			db, _ := idemtest.OpenFS(t, fs, nil)
 			return idemclient.NewStoreKeyStore(db, ns), func() idemclient.KeyStore {
 				require.NoError(t, db.Close()) // the process stops
-				db, _ = idemtest.Open(t, &idem.Options{FS: fs})
+				db, _ = idemtest.OpenFS(t, fs, nil)
 				return idemclient.NewStoreKeyStore(db, ns)
 			}
 		}
@@ -179,7 +178,7 @@ var keyStoreChecks = []struct {
 				k, err := s.Save(context.Background(), "op", fmt.Sprintf("key-%d", i))
 				if err != nil {
 					// A Save may fail rather than wait for another.
-					assert.ErrorIs(t, err, contract.ErrInProgress)
+					assert.ErrorIs(t, err, idem.ErrInProgress)
 					return
 				}
 				mu.Lock()

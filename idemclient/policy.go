@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // CheckRetry decides whether an attempt should be repeated. It gets the
@@ -67,7 +67,7 @@ func DefaultCheckRetry(ctx context.Context, resp *http.Response, err error) (boo
 		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true, nil
 	case http.StatusConflict:
-		return ProblemCode(resp) == contract.CodeInProgress, nil
+		return ProblemCode(resp) == idem.CodeInProgress, nil
 	}
 	return false, nil
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemclient"
 )
 
@@ -103,8 +103,8 @@ func TestProblemCode(t *testing.T) {
 	resp := &http.Response{Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{"code":"outcome_pending","title":"x"}`))}
 	assert.Equal(t, "", idemclient.ProblemCode(resp), "not problem+json")
 	resp.Header.Set("Content-Type", "application/problem+json; charset=utf-8")
-	assert.Equal(t, contract.CodeOutcomePending, idemclient.ProblemCode(resp))
-	assert.Equal(t, contract.CodeOutcomePending, idemclient.ProblemCode(resp), "reading twice works")
+	assert.Equal(t, idem.CodeOutcomePending, idemclient.ProblemCode(resp))
+	assert.Equal(t, idem.CodeOutcomePending, idemclient.ProblemCode(resp), "reading twice works")
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	assert.Equal(t, `{"code":"outcome_pending","title":"x"}`, string(body), "the body is put back")

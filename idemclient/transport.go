@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // Defaults of the Options fields that have numeric limits.
@@ -116,7 +116,7 @@ func (o *Options) withDefaults() (Options, error) {
 		c.Base = http.DefaultTransport
 	}
 	if c.Header == "" {
-		c.Header = contract.HeaderKey
+		c.Header = idem.HeaderKey
 	}
 	if !isToken(c.Header) {
 		bad("Header %q is not a valid header name", c.Header)
@@ -299,7 +299,7 @@ func Attempts(resp *http.Response) int { return info(resp).attempt }
 // than by running the operation: the operation had already run, and resp
 // is its original outcome.
 func Replayed(resp *http.Response) bool {
-	return resp != nil && strings.EqualFold(strings.TrimSpace(resp.Header.Get(contract.HeaderReplayed)), "true")
+	return resp != nil && strings.EqualFold(strings.TrimSpace(resp.Header.Get(idem.HeaderReplayed)), "true")
 }
 
 // idempotentMethod reports whether repeating a request with method m has
@@ -525,5 +525,5 @@ func keyHash(key string) string {
 	if key == "" {
 		return ""
 	}
-	return contract.KeyHash(key)
+	return idem.KeyHash(key)
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemclient"
 )
 
@@ -46,10 +46,10 @@ func TestClientTable(t *testing.T) {
 		{name: "503", steps: []step{status(503)}, wantAttempts: 2, wantStatus: 201, wantDone: 201},
 		{name: "504", steps: []step{status(504)}, wantAttempts: 2, wantStatus: 201, wantDone: 201},
 		{name: "several failures in a row", steps: []step{status(503), {drop: true}, status(502)}, wantAttempts: 4, wantStatus: 201, wantDone: 201},
-		{name: "409 in progress", steps: []step{problemStep(409, contract.CodeInProgress, "1")}, wantAttempts: 2, wantStatus: 201, wantDone: 201, wantMinWait: time.Second},
-		{name: "409 outcome pending", steps: []step{problemStep(409, contract.CodeOutcomePending, "")}, wantAttempts: 1, wantStatus: 409},
+		{name: "409 in progress", steps: []step{problemStep(409, idem.CodeInProgress, "1")}, wantAttempts: 2, wantStatus: 201, wantDone: 201, wantMinWait: time.Second},
+		{name: "409 outcome pending", steps: []step{problemStep(409, idem.CodeOutcomePending, "")}, wantAttempts: 1, wantStatus: 409},
 		{name: "409 without a problem code", steps: []step{status(409)}, wantAttempts: 1, wantStatus: 409},
-		{name: "422 fingerprint mismatch", steps: []step{problemStep(422, contract.CodeKeyReuse, "")}, wantAttempts: 1, wantStatus: 422, wantDone: 422},
+		{name: "422 fingerprint mismatch", steps: []step{problemStep(422, idem.CodeKeyReuse, "")}, wantAttempts: 1, wantStatus: 422, wantDone: 422},
 		{name: "400 malformed", steps: []step{status(400)}, wantAttempts: 1, wantStatus: 400, wantDone: 400},
 		{name: "401 with refresh", steps: []step{status(401)}, refresh: true, wantAttempts: 2, wantStatus: 201, wantDone: 201, wantRefreshes: 1},
 		{name: "401 twice refreshes once", steps: []step{status(401), status(401)}, refresh: true, wantAttempts: 2, wantStatus: 401, wantRefreshes: 1},
@@ -340,7 +340,7 @@ func TestKeyChoice(t *testing.T) {
 			tr := newTransport(t, &idemclient.Options{Base: noReuse(), Header: tt.header, Methods: tt.methods})
 			req := request(t, context.Background(), tt.method, f.srv.URL, "")
 			if tt.callerKey != "" {
-				req.Header.Set(contract.HeaderKey, tt.callerKey)
+				req.Header.Set(idem.HeaderKey, tt.callerKey)
 			}
 			resp, err := tr.RoundTrip(req)
 			require.NoError(t, err)
@@ -482,7 +482,7 @@ func TestRefreshError(t *testing.T) {
 func TestReplayed(t *testing.T) {
 	resp := &http.Response{Header: http.Header{}}
 	assert.False(t, idemclient.Replayed(resp))
-	resp.Header.Set(contract.HeaderReplayed, "true")
+	resp.Header.Set(idem.HeaderReplayed, "true")
 	assert.True(t, idemclient.Replayed(resp))
 	assert.False(t, idemclient.Replayed(nil))
 }
@@ -531,7 +531,7 @@ func TestCallerKeyDisagreesWithStore(t *testing.T) {
 	require.NoError(t, err)
 	tr := newTransport(t, &idemclient.Options{Base: noReuse(), KeyStore: store})
 	req := post(t, idemclient.WithOperation(context.Background(), "order-1"), f.srv.URL, `{}`)
-	req.Header.Set(contract.HeaderKey, "other-key")
+	req.Header.Set(idem.HeaderKey, "other-key")
 	_, err = tr.RoundTrip(req)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "already has a key")

@@ -12,10 +12,10 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
-// A stored answer is a contract.Response laid out as gRPC sends one over
+// A stored answer is a idem.Response laid out as gRPC sends one over
 // HTTP/2: status 200, the gRPC code in Grpc-Status, and a body that is the
 // response message (its full type name in Grpc-Message-Type) when the code
 // is OK, and the google.rpc.Status with the message and details otherwise.
@@ -28,39 +28,39 @@ var marshal = proto.MarshalOptions{Deterministic: true}
 
 // encode lays out the handler's answer for the store: resp when herr is
 // nil, herr's status otherwise.
-func encode(resp any, herr error) (contract.Response, error) {
+func encode(resp any, herr error) (idem.Response, error) {
 	if herr != nil {
 		st := statusOf(herr)
 		body, err := marshal.Marshal(st.Proto())
 		if err != nil {
-			return contract.Response{}, err
+			return idem.Response{}, err
 		}
-		return contract.Response{Status: http.StatusOK,
+		return idem.Response{Status: http.StatusOK,
 			Header: http.Header{headerStatus: {strconv.Itoa(int(st.Code()))}}, Body: body}, nil
 	}
 	msg, ok := resp.(proto.Message)
 	if !ok {
-		return contract.Response{}, fmt.Errorf("the handler answered a %T, not a protocol buffer message", resp)
+		return idem.Response{}, fmt.Errorf("the handler answered a %T, not a protocol buffer message", resp)
 	}
 	body, err := marshal.Marshal(msg)
 	if err != nil {
-		return contract.Response{}, err
+		return idem.Response{}, err
 	}
-	return contract.Response{Status: http.StatusOK, Header: http.Header{
+	return idem.Response{Status: http.StatusOK, Header: http.Header{
 		headerStatus:      {"0"},
 		headerMessageType: {string(msg.ProtoReflect().Descriptor().FullName())},
 	}, Body: body}, nil
 }
 
 // storedCode returns the gRPC code of a stored answer.
-func storedCode(r contract.Response) (codes.Code, error) {
+func storedCode(r idem.Response) (codes.Code, error) {
 	c, err := strconv.ParseUint(r.Header.Get(headerStatus), 10, 32)
 	return codes.Code(c), err
 }
 
 // originalCode names the gRPC code of a stored answer ("OK",
 // "InvalidArgument"), for a refusal that cannot send the answer itself.
-func originalCode(r contract.Response) string {
+func originalCode(r idem.Response) string {
 	c, err := storedCode(r)
 	if err != nil {
 		return codes.Unknown.String()
@@ -71,7 +71,7 @@ func originalCode(r contract.Response) string {
 // decode rebuilds a stored answer: a new message of the stored type, or
 // the stored status as an error. An answer that cannot be rebuilt is an
 // Internal error, which every retry meets again.
-func decode(rec *contract.Record) (any, error) {
+func decode(rec *idem.Record) (any, error) {
 	r := rec.Response
 	broken := func(err error) error {
 		return status.Errorf(codes.Internal, "idemgrpc: the stored answer of %s cannot be rebuilt: %v", rec.Scope.Endpoint, err)

@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemgrpc"
 	"github.com/idemkv/idem/internal/idemtest"
 )
@@ -27,9 +26,9 @@ func TestClockBehindIsUnavailable(t *testing.T) {
 
 	clock.Advance(-time.Minute)
 	_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "k")
-	st := refused(t, err, codes.Unavailable, contract.CodeClockBehind)
+	st := refused(t, err, codes.Unavailable, idem.CodeClockBehind)
 	if ri := retryInfo(st); assert.NotNil(t, ri) {
-		assert.Equal(t, contract.ClockBehindRetry, ri.GetRetryDelay().AsDuration())
+		assert.Equal(t, idem.ClockBehindRetry, ri.GetRetryDelay().AsDuration())
 	}
 	assert.Equal(t, int64(1), e.runs.Load(), "nothing ran")
 	_, err = db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: payMethod, Key: "k"})

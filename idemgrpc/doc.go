@@ -7,7 +7,7 @@
 //
 // UnaryServerInterceptor returns the interceptor; install it with
 // grpc.ChainUnaryInterceptor. Options.Store keeps the records (the embedded
-// store that idem.Open opens, or any other contract.Store) and
+// store that pebblestore.Open opens, or any other idem.Store) and
 // Options.Tenant names the caller that keys are scoped by. A key is the
 // value of the metadata field idempotency-key, with the syntax of the HTTP
 // header (idemhttp.ParseKey): a bare token or an RFC 8941 sf-string of 1 to
@@ -45,7 +45,7 @@
 // gRPC code in a Grpc-Status header.
 //
 // A handler error is judged by Options.Outcome, DefaultOutcome unless set:
-//   - an error that matches contract.ErrNoEffect (see NoEffect) says that
+//   - an error that matches idem.ErrNoEffect (see NoEffect) says that
 //     nothing was committed: the key is released and a retry runs the
 //     handler again;
 //   - Unknown (every error without a gRPC status), Canceled and

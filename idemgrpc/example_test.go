@@ -14,12 +14,13 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemgrpc"
+	"github.com/idemkv/idem/internal/pebblefs"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 func Example() {
-	db, err := idem.Open("idem-data", &idem.Options{FS: vfs.NewMem()}) // a real service: a directory, nil options
+	db, err := pebblestore.Open("idem-data", pebblefs.With(&pebblestore.Options{}, vfs.NewMem())) // a real service: a directory, nil options
 	if err != nil {
 		log.Fatal(err)
 	}

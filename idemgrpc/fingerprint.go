@@ -7,7 +7,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // fingerprintVersion starts every hashed encoding, so that a change to
@@ -18,10 +18,10 @@ const fingerprintVersion = "idem-grpc-fingerprint-v1\n"
 // version tag, then the full method name and the request's deterministic
 // protobuf encoding, each preceded by its length as a big-endian uint64.
 // The package documentation says what the encoding treats as one request.
-func Fingerprint(fullMethod string, req proto.Message) (contract.Fingerprint, error) {
+func Fingerprint(fullMethod string, req proto.Message) (idem.Fingerprint, error) {
 	body, err := marshal.Marshal(req)
 	if err != nil {
-		return contract.Fingerprint{}, fmt.Errorf("idemgrpc: the request of %s cannot be encoded: %w", fullMethod, err)
+		return idem.Fingerprint{}, fmt.Errorf("idemgrpc: the request of %s cannot be encoded: %w", fullMethod, err)
 	}
 	enc := make([]byte, 0, len(fingerprintVersion)+16+len(fullMethod)+len(body))
 	enc = append(enc, fingerprintVersion...)

@@ -11,11 +11,11 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemgrpc"
 )
 
-func fingerprint(t *testing.T, method string, req proto.Message) contract.Fingerprint {
+func fingerprint(t *testing.T, method string, req proto.Message) idem.Fingerprint {
 	t.Helper()
 	fp, err := idemgrpc.Fingerprint(method, req)
 	require.NoError(t, err)
@@ -48,6 +48,6 @@ func TestFingerprintEncoding(t *testing.T) {
 		enc = append(enc, f...)
 	}
 	fp := fingerprint(t, payMethod, req)
-	assert.Equal(t, contract.Fingerprint(sha256.Sum256(enc)), fp)
+	assert.Equal(t, idem.Fingerprint(sha256.Sum256(enc)), fp)
 	assert.Equal(t, "5960bb01dc103da063111b686bd7c08a99a8a53a331de000e7f5fdde195cec35", fp.String())
 }

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemgrpc"
 	"github.com/idemkv/idem/idemtest"
 )
@@ -36,7 +36,7 @@ const (
 // env is an in-process gRPC server behind the interceptor, over bufconn,
 // and a client connected to it.
 type env struct {
-	store contract.Store
+	store idem.Store
 	conn  *grpc.ClientConn
 	runs  atomic.Int64
 	// app answers each call that reaches the service; it runs after runs

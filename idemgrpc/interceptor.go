@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -37,9 +37,9 @@ const DefaultDomain = "github.com/idemkv/idem"
 // Options configure the interceptor. Store and Tenant are required; every
 // other zero value selects the default given in its comment.
 type Options struct {
-	// Store keeps the records: the embedded store (idem.Open) or any
+	// Store keeps the records: the embedded store (pebblestore.Open) or any
 	// other backend of the contract. Required.
-	Store contract.Store
+	Store idem.Store
 
 	// Tenant returns the authenticated caller a call belongs to, from its
 	// metadata or its credentials (peer.FromContext): keys are scoped by
@@ -62,7 +62,7 @@ type Options struct {
 	Wait time.Duration
 
 	// ReconcileEvery says that the store runs a reconciler (such as
-	// idem.Options.Reconcile) that passes this often. A retry that finds
+	// pebblestore.Options.Reconcile) that passes this often. A retry that finds
 	// a claim whose lease ran out, its outcome never recorded, is then
 	// refused with Aborted request_in_progress and a RetryInfo of this
 	// delay, since the reconciler will settle it; without a reconciler it
@@ -104,11 +104,11 @@ const (
 )
 
 // DefaultOutcome releases the key after an error that matches
-// contract.ErrNoEffect, records unknown after Unknown, Canceled and
+// idem.ErrNoEffect, records unknown after Unknown, Canceled and
 // DeadlineExceeded (and any error without a status, which gRPC sends as
 // Unknown), and stores every other status as the answer.
 func DefaultOutcome(fullMethod string, err error) Outcome {
-	if errors.Is(err, contract.ErrNoEffect) {
+	if errors.Is(err, idem.ErrNoEffect) {
 		return OutcomeRelease
 	}
 	switch statusOf(err).Code() {
@@ -126,7 +126,7 @@ func NoEffect(err error) error { return noEffect{err} }
 type noEffect struct{ err error }
 
 func (e noEffect) Error() string              { return e.err.Error() }
-func (e noEffect) Unwrap() []error            { return []error{e.err, contract.ErrNoEffect} }
+func (e noEffect) Unwrap() []error            { return []error{e.err, idem.ErrNoEffect} }
 func (e noEffect) GRPCStatus() *status.Status { return statusOf(e.err) }
 
 // statusOf returns err's status as the gRPC server sends it.
@@ -206,22 +206,22 @@ func (m *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	switch {
 	case len(keys) == 0:
-		return nil, m.problem(codes.InvalidArgument, contract.CodeKeyMissing, "no idempotency key", 0, nil)
+		return nil, m.problem(codes.InvalidArgument, idem.CodeKeyMissing, "no idempotency key", 0, nil)
 	case len(keys) > 1:
-		return nil, m.problem(codes.InvalidArgument, contract.CodeKeyInvalid, "the idempotency key is sent more than once", 0, nil)
+		return nil, m.problem(codes.InvalidArgument, idem.CodeKeyInvalid, "the idempotency key is sent more than once", 0, nil)
 	}
 	key, err := idemhttp.ParseKey(keys[0])
 	if err != nil {
-		return nil, m.problem(codes.InvalidArgument, contract.CodeKeyInvalid, err.Error(), 0, nil)
+		return nil, m.problem(codes.InvalidArgument, idem.CodeKeyInvalid, err.Error(), 0, nil)
 	}
 	tenant, err := m.opts.Tenant(ctx)
-	if err == nil && len(tenant) > contract.MaxTenantBytes {
+	if err == nil && len(tenant) > idem.MaxTenantBytes {
 		// Checked here, not left to the store, so that the client hears
 		// about its credential rather than about its key.
-		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), contract.MaxTenantBytes)
+		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), idem.MaxTenantBytes)
 	}
 	if err != nil {
-		return nil, m.problem(codes.Unauthenticated, contract.CodeTenantMissing, err.Error(), 0, nil)
+		return nil, m.problem(codes.Unauthenticated, idem.CodeTenantMissing, err.Error(), 0, nil)
 	}
 	msg, ok := req.(proto.Message)
 	if !ok {
@@ -231,10 +231,10 @@ func (m *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	scope := contract.Scope{Tenant: tenant, Endpoint: info.FullMethod, Key: key}
+	scope := idem.Scope{Tenant: tenant, Endpoint: info.FullMethod, Key: key}
 
 	lease, replay, err := m.opts.Store.Claim(ctx, scope, fp)
-	if errors.Is(err, contract.ErrInProgress) && m.opts.Wait > 0 {
+	if errors.Is(err, idem.ErrInProgress) && m.opts.Wait > 0 {
 		wctx, cancel := context.WithTimeout(ctx, m.opts.Wait)
 		werr := m.opts.Store.Wait(wctx, scope)
 		cancel()
@@ -254,31 +254,31 @@ func (m *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 
 // refuse answers a claim that did not get the key.
 func (m *interceptor) refuse(err error) error {
-	var ke *contract.KeyError
+	var ke *idem.KeyError
 	switch {
-	case errors.Is(err, contract.ErrFingerprintMismatch):
-		return m.problem(m.opts.MismatchCode, contract.CodeKeyReuse,
+	case errors.Is(err, idem.ErrFingerprintMismatch):
+		return m.problem(m.opts.MismatchCode, idem.CodeKeyReuse,
 			"this idempotency key was used for a different request; use a new key for a new operation", 0, nil)
-	case errors.Is(err, contract.ErrInProgress) && errors.As(err, &ke):
-		return m.problem(codes.Aborted, contract.CodeInProgress,
+	case errors.Is(err, idem.ErrInProgress) && errors.As(err, &ke):
+		return m.problem(codes.Aborted, idem.CodeInProgress,
 			"a call with this idempotency key is still being processed; retry with the same key", max(ke.RetryAfter, time.Millisecond), nil)
-	case errors.Is(err, contract.ErrOutcomePending) && errors.As(err, &ke) && ke.State == contract.StateInProgress && m.opts.ReconcileEvery > 0:
+	case errors.Is(err, idem.ErrOutcomePending) && errors.As(err, &ke) && ke.State == idem.StateInProgress && m.opts.ReconcileEvery > 0:
 		// Its lease ran out, and the reconciler picks it up on its next
 		// pass: the retry is worth making.
-		return m.problem(codes.Aborted, contract.CodeInProgress, contract.ReconcilingDetail, m.opts.ReconcileEvery, nil)
-	case errors.Is(err, contract.ErrOutcomePending):
-		return m.problem(codes.FailedPrecondition, contract.CodeOutcomePending,
-			"an earlier attempt with this idempotency key "+contract.PendingOutcome(err)+"; every retry with this key gets this answer "+
+		return m.problem(codes.Aborted, idem.CodeInProgress, idem.ReconcilingDetail, m.opts.ReconcileEvery, nil)
+	case errors.Is(err, idem.ErrOutcomePending):
+		return m.problem(codes.FailedPrecondition, idem.CodeOutcomePending,
+			"an earlier attempt with this idempotency key "+idem.PendingOutcome(err)+"; every retry with this key gets this answer "+
 				"until the service's operator resolves it (idem resolve). Do not send the call under a new key: it would run again", 0, nil)
-	case errors.Is(err, contract.ErrInvalidScope):
-		return m.problem(codes.InvalidArgument, contract.CodeKeyInvalid, err.Error(), 0, nil)
-	case errors.Is(err, contract.ErrClockBehind):
+	case errors.Is(err, idem.ErrInvalidScope):
+		return m.problem(codes.InvalidArgument, idem.CodeKeyInvalid, err.Error(), 0, nil)
+	case errors.Is(err, idem.ErrClockBehind):
 		// The store logs and counts it; a line per call would drown that
 		// one.
-		return m.problem(codes.Unavailable, contract.CodeClockBehind, contract.ClockBehindDetail, contract.ClockBehindRetry, nil)
+		return m.problem(codes.Unavailable, idem.CodeClockBehind, idem.ClockBehindDetail, idem.ClockBehindRetry, nil)
 	default:
 		m.opts.Logger.Error("idemgrpc: claim failed", "err", err)
-		return m.problem(codes.Unavailable, contract.CodeStoreUnavailable,
+		return m.problem(codes.Unavailable, idem.CodeStoreUnavailable,
 			"the idempotency store is unavailable; retry with the same key", time.Second, nil)
 	}
 }
@@ -286,7 +286,7 @@ func (m *interceptor) refuse(err error) error {
 // execute runs the handler under the lease and stores its outcome before
 // the answer leaves: a client must never hold an answer that its retries
 // cannot get back.
-func (m *interceptor) execute(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, lease contract.Lease) (any, error) {
+func (m *interceptor) execute(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, lease idem.Lease) (any, error) {
 	// A client that gives up must not cancel the operation: its retry
 	// should find the finished answer, not a half-done one.
 	keep := context.WithoutCancel(ctx)
@@ -327,7 +327,7 @@ func (m *interceptor) execute(ctx context.Context, req any, info *grpc.UnaryServ
 		// Sending the answer would let the client hold what its retry
 		// cannot get back; the retry is refused until the record is
 		// reconciled, and never runs the operation again.
-		return nil, m.problem(codes.Unavailable, contract.CodeStoreUnavailable,
+		return nil, m.problem(codes.Unavailable, idem.CodeStoreUnavailable,
 			"the call ran but its outcome could not be stored; retry with the same key, it will not run twice", time.Second, nil)
 	}
 	return resp, herr
@@ -335,20 +335,20 @@ func (m *interceptor) execute(ctx context.Context, req any, info *grpc.UnaryServ
 
 // end logs an outcome that could not be stored. The record stays in
 // progress and is found by reconciliation: never re-run blindly.
-func (m *interceptor) end(lease contract.Lease, err error) {
+func (m *interceptor) end(lease idem.Lease, err error) {
 	if err != nil {
 		s := lease.Scope()
 		m.opts.Logger.Error("idemgrpc: storing the outcome failed; the record stays in progress until reconciled",
-			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", contract.KeyHash(s.Key), "err", err)
+			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", idem.KeyHash(s.Key), "err", err)
 	}
 }
 
 // replay answers with the stored answer and marks it replayed.
-func (m *interceptor) replay(ctx context.Context, rec *contract.Record) (any, error) {
+func (m *interceptor) replay(ctx context.Context, rec *idem.Record) (any, error) {
 	// It fails only outside a gRPC server, where there is no header to set.
 	_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataReplayed, "true"))
 	if rec.BodyOmitted {
-		return nil, m.problem(codes.FailedPrecondition, contract.CodeResponseBodyOmitted,
+		return nil, m.problem(codes.FailedPrecondition, idem.CodeResponseBodyOmitted,
 			fmt.Sprintf("the call ran, but its answer (%d bytes) was too large to keep, so it cannot be sent again; "+
 				"do not repeat the operation under a new key: it would run again", rec.BodyLen),
 			0, map[string]string{"original_code": originalCode(rec.Response)})

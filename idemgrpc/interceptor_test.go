@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemgrpc"
 	"github.com/idemkv/idem/idemtest"
 )
@@ -50,7 +50,7 @@ func TestDifferentRequestIsRefused(t *testing.T) {
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
 	require.NoError(t, err)
 	_, header, err := e.call(t, payMethod, "acme", payment(t, 43), "k1")
-	st := refused(t, err, codes.FailedPrecondition, contract.CodeKeyReuse)
+	st := refused(t, err, codes.FailedPrecondition, idem.CodeKeyReuse)
 	assert.Nil(t, retryInfo(st))
 	assert.False(t, replayed(header))
 	assert.Equal(t, int64(1), e.runs.Load())
@@ -59,7 +59,7 @@ func TestDifferentRequestIsRefused(t *testing.T) {
 	_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "k1")
 	require.NoError(t, err)
 	_, _, err = e.call(t, payMethod, "acme", payment(t, 43), "k1")
-	refused(t, err, codes.InvalidArgument, contract.CodeKeyReuse)
+	refused(t, err, codes.InvalidArgument, idem.CodeKeyReuse)
 }
 
 // block makes the service wait in each call until the test lets it go,
@@ -86,7 +86,7 @@ func TestConcurrentDuplicateIsAborted(t *testing.T) {
 	<-started
 
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
-	st := refused(t, err, codes.Aborted, contract.CodeInProgress)
+	st := refused(t, err, codes.Aborted, idem.CodeInProgress)
 	ri := retryInfo(st)
 	require.NotNil(t, ri, "an in-progress refusal says when to retry")
 	assert.Positive(t, ri.GetRetryDelay().AsDuration())
@@ -158,10 +158,10 @@ func TestClientCancelDoesNotCancelTheCall(t *testing.T) {
 func TestKeys(t *testing.T) {
 	e := setup(t, idemgrpc.Options{})
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42))
-	refused(t, err, codes.InvalidArgument, contract.CodeKeyMissing)
+	refused(t, err, codes.InvalidArgument, idem.CodeKeyMissing)
 	for _, keys := range [][]string{{""}, {`""`}, {"a.b"}, {"a, b"}, {`"abc`}, {strings.Repeat("a", 256)}, {"a", "b"}} {
 		_, _, err := e.call(t, payMethod, "acme", payment(t, 42), keys...)
-		refused(t, err, codes.InvalidArgument, contract.CodeKeyInvalid)
+		refused(t, err, codes.InvalidArgument, idem.CodeKeyInvalid)
 	}
 	assert.Zero(t, e.runs.Load())
 
@@ -190,15 +190,15 @@ func TestKeyOptionalMethods(t *testing.T) {
 	}
 	assert.Equal(t, int64(3), e.runs.Load())
 	_, _, err := e.call(t, refundMethod, "acme", payment(t, 42), "a.b")
-	refused(t, err, codes.InvalidArgument, contract.CodeKeyInvalid)
+	refused(t, err, codes.InvalidArgument, idem.CodeKeyInvalid)
 }
 
 func TestTenantMissing(t *testing.T) {
 	e := setup(t, idemgrpc.Options{})
 	_, _, err := e.call(t, payMethod, "", payment(t, 42), "k1")
-	refused(t, err, codes.Unauthenticated, contract.CodeTenantMissing)
-	_, _, err = e.call(t, payMethod, strings.Repeat("t", contract.MaxTenantBytes+1), payment(t, 42), "k1")
-	refused(t, err, codes.Unauthenticated, contract.CodeTenantMissing)
+	refused(t, err, codes.Unauthenticated, idem.CodeTenantMissing)
+	_, _, err = e.call(t, payMethod, strings.Repeat("t", idem.MaxTenantBytes+1), payment(t, 42), "k1")
+	refused(t, err, codes.Unauthenticated, idem.CodeTenantMissing)
 	assert.Zero(t, e.runs.Load())
 }
 
@@ -217,7 +217,7 @@ func TestHandlerErrors(t *testing.T) {
 		{"status is stored", detailed.Err(), nil, "stored"},
 		{"unavailable is stored", status.Error(codes.Unavailable, "downstream is down"), nil, "stored"},
 		{"no effect is released", idemgrpc.NoEffect(status.Error(codes.Unavailable, "downstream is down")), nil, "released"},
-		{"contract.ErrNoEffect is released", errors.Join(contract.ErrNoEffect, status.Error(codes.ResourceExhausted, "quota")), nil, "released"},
+		{"idem.ErrNoEffect is released", errors.Join(idem.ErrNoEffect, status.Error(codes.ResourceExhausted, "quota")), nil, "released"},
 		{"an error without a status is unknown", errors.New("boom"), nil, "unknown"},
 		{"deadline exceeded is unknown", status.Error(codes.DeadlineExceeded, "downstream timed out"), nil, "unknown"},
 		{"context canceled is unknown", context.Canceled, nil, "unknown"},
@@ -246,11 +246,11 @@ func TestHandlerErrors(t *testing.T) {
 				assert.False(t, replayed(header))
 				assert.Equal(t, int64(2), e.runs.Load())
 			case "unknown":
-				refused(t, err, codes.FailedPrecondition, contract.CodeOutcomePending)
+				refused(t, err, codes.FailedPrecondition, idem.CodeOutcomePending)
 				assert.Equal(t, int64(1), e.runs.Load())
-				rec, err := e.store.Get(context.Background(), contract.Scope{Tenant: "acme", Endpoint: payMethod, Key: "k1"})
+				rec, err := e.store.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: payMethod, Key: "k1"})
 				require.NoError(t, err)
-				assert.Equal(t, contract.StateUnknown, rec.State)
+				assert.Equal(t, idem.StateUnknown, rec.State)
 			}
 		})
 	}
@@ -264,11 +264,11 @@ func TestPanicRecordsUnknown(t *testing.T) {
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
 	assert.Equal(t, codes.Internal, status.Code(err), "the panic reached the outer interceptor")
 	_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "k1")
-	refused(t, err, codes.FailedPrecondition, contract.CodeOutcomePending)
+	refused(t, err, codes.FailedPrecondition, idem.CodeOutcomePending)
 	assert.Equal(t, int64(1), e.runs.Load())
-	rec, err := e.store.Get(context.Background(), contract.Scope{Tenant: "acme", Endpoint: payMethod, Key: "k1"})
+	rec, err := e.store.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: payMethod, Key: "k1"})
 	require.NoError(t, err)
-	assert.Equal(t, contract.StateUnknown, rec.State)
+	assert.Equal(t, idem.StateUnknown, rec.State)
 }
 
 func TestStoreDown(t *testing.T) {
@@ -276,15 +276,15 @@ func TestStoreDown(t *testing.T) {
 	e := setup(t, idemgrpc.Options{Store: store})
 	require.NoError(t, store.Close())
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
-	st := refused(t, err, codes.Unavailable, contract.CodeStoreUnavailable)
+	st := refused(t, err, codes.Unavailable, idem.CodeStoreUnavailable)
 	require.NotNil(t, retryInfo(st))
 	assert.Zero(t, e.runs.Load(), "nothing runs without a claim")
 }
 
 // failingComplete is a store whose leases cannot record a completion.
-type failingComplete struct{ contract.Store }
+type failingComplete struct{ idem.Store }
 
-func (s failingComplete) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+func (s failingComplete) Claim(ctx context.Context, sc idem.Scope, fp idem.Fingerprint) (idem.Lease, *idem.Record, error) {
 	l, rec, err := s.Store.Claim(ctx, sc, fp)
 	if l != nil {
 		l = failingLease{l}
@@ -292,9 +292,9 @@ func (s failingComplete) Claim(ctx context.Context, sc contract.Scope, fp contra
 	return l, rec, err
 }
 
-type failingLease struct{ contract.Lease }
+type failingLease struct{ idem.Lease }
 
-func (failingLease) Complete(context.Context, contract.Response) error {
+func (failingLease) Complete(context.Context, idem.Response) error {
 	return errors.New("disk full")
 }
 
@@ -303,10 +303,10 @@ func (failingLease) Complete(context.Context, contract.Response) error {
 func TestOutcomeNotStored(t *testing.T) {
 	e := setup(t, idemgrpc.Options{Store: failingComplete{idemtest.NewMemStore(nil)}})
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
-	st := refused(t, err, codes.Unavailable, contract.CodeStoreUnavailable)
+	st := refused(t, err, codes.Unavailable, idem.CodeStoreUnavailable)
 	assert.Contains(t, st.Message(), "ran")
 	_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "k1")
-	refused(t, err, codes.Aborted, contract.CodeInProgress)
+	refused(t, err, codes.Aborted, idem.CodeInProgress)
 	assert.Equal(t, int64(1), e.runs.Load())
 }
 
@@ -319,7 +319,7 @@ func TestAnswerTooLargeToKeep(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, resp.GetValue(), 64)
 	_, header, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
-	st := refused(t, err, codes.FailedPrecondition, contract.CodeResponseBodyOmitted)
+	st := refused(t, err, codes.FailedPrecondition, idem.CodeResponseBodyOmitted)
 	assert.Equal(t, "OK", errorInfo(st).GetMetadata()["original_code"])
 	assert.True(t, replayed(header), "the answer is for a call that ran")
 	assert.Equal(t, int64(1), e.runs.Load())
@@ -327,18 +327,18 @@ func TestAnswerTooLargeToKeep(t *testing.T) {
 
 // replaying is a store whose every claim replays rec.
 type replaying struct {
-	contract.Store
-	rec *contract.Record
+	idem.Store
+	rec *idem.Record
 }
 
-func (s replaying) Claim(context.Context, contract.Scope, contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+func (s replaying) Claim(context.Context, idem.Scope, idem.Fingerprint) (idem.Lease, *idem.Record, error) {
 	return nil, s.rec, nil
 }
 
 // A stored answer whose type this binary does not link cannot be rebuilt:
 // the retry gets Internal, and nothing runs.
 func TestReplayOfAnUnknownType(t *testing.T) {
-	rec := &contract.Record{State: contract.StateCompleted, Response: contract.Response{Status: 200,
+	rec := &idem.Record{State: idem.StateCompleted, Response: idem.Response{Status: 200,
 		Header: map[string][]string{"Grpc-Status": {"0"}, "Grpc-Message-Type": {"test.Gone"}}}}
 	e := setup(t, idemgrpc.Options{Store: replaying{idemtest.NewMemStore(nil), rec}})
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
@@ -376,10 +376,10 @@ func TestOverdueClaimAnswer(t *testing.T) {
 		reason  string
 		contain string
 	}{
-		{"no reconciler", 0, codes.FailedPrecondition, contract.CodeOutcomePending,
+		{"no reconciler", 0, codes.FailedPrecondition, idem.CodeOutcomePending,
 			"stopped before its outcome was recorded, so it may or may not have taken effect; " +
 				"every retry with this key gets this answer until the service's operator resolves it (idem resolve)"},
-		{"reconciler", time.Minute, codes.Aborted, contract.CodeInProgress,
+		{"reconciler", time.Minute, codes.Aborted, idem.CodeInProgress,
 			"the service is finding out what became of it; retry with the same key later"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -409,7 +409,7 @@ func TestOverdueClaimAnswer(t *testing.T) {
 			}
 			e.call(t, payMethod, "acme", payment(t, 42), "u")
 			_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "u")
-			st = refused(t, err, codes.FailedPrecondition, contract.CodeOutcomePending)
+			st = refused(t, err, codes.FailedPrecondition, idem.CodeOutcomePending)
 			assert.Contains(t, st.Message(), "may or may not have taken effect")
 			assert.Nil(t, retryInfo(st))
 		})

@@ -10,12 +10,13 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
-	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
+	"github.com/idemkv/idem/internal/pebblefs"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 func Example() {
-	db, err := idem.Open("idem-data", &idem.Options{FS: vfs.NewMem()}) // a real service: a directory, nil options
+	db, err := pebblestore.Open("idem-data", pebblefs.With(&pebblestore.Options{}, vfs.NewMem())) // a real service: a directory, nil options
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func Example() {
 // A handler behind a rate limiter answers 429 before it does anything, so
 // that answer frees the key instead of being replayed: the retry runs.
 func ExampleOutcomePolicy() {
-	db, err := idem.Open("idem-data", &idem.Options{FS: vfs.NewMem()})
+	db, err := pebblestore.Open("idem-data", pebblefs.With(&pebblestore.Options{}, vfs.NewMem()))
 	if err != nil {
 		log.Fatal(err)
 	}

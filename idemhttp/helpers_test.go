@@ -14,9 +14,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -55,7 +55,7 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // env is the payments app served behind the middleware.
 type env struct {
 	t   *testing.T
-	db  *idem.DB // the store, if it is a DB
+	db  *pebblestore.Store // the store, if it is a DB
 	app *app
 	srv *httptest.Server
 }
@@ -98,7 +98,7 @@ func setup(t *testing.T, o idemhttp.Options, outer ...func(http.Handler) http.Ha
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	db, _ := o.Store.(*idem.DB)
+	db, _ := o.Store.(*pebblestore.Store)
 	return &env{t: t, db: db, app: a, srv: srv}
 }
 

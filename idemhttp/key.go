@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 var (
@@ -48,7 +48,7 @@ func (m *middleware) readKey(r *http.Request) (string, error) {
 // characters of DefaultKeyAlphabet. Other transports of the contract
 // (idemgrpc) use it, so that a key is valid on every transport or on none.
 func ParseKey(v string) (string, error) {
-	return parseKey(v, &defaultAlphabet, contract.MaxKeyBytes, DefaultKeyAlphabet)
+	return parseKey(v, &defaultAlphabet, idem.MaxKeyBytes, DefaultKeyAlphabet)
 }
 
 var defaultAlphabet = func() (a [256]bool) {

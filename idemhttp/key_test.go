@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -21,18 +20,18 @@ func TestBadKeysAreRefusedAndStoreNothing(t *testing.T) {
 		keys []string
 		code string
 	}{
-		{"missing", nil, contract.CodeKeyMissing},
-		{"empty", []string{""}, contract.CodeKeyInvalid},
-		{"blank", []string{"   "}, contract.CodeKeyInvalid},
-		{"256 characters", []string{strings.Repeat("a", 256)}, contract.CodeKeyInvalid},
-		{"bad alphabet", []string{"key with spaces"}, contract.CodeKeyInvalid},
-		{"dot", []string{"a.b"}, contract.CodeKeyInvalid},
-		{"non-ASCII", []string{"clé"}, contract.CodeKeyInvalid},
-		{"two field lines", []string{"a", "b"}, contract.CodeKeyInvalid},
-		{"a list", []string{"a, b"}, contract.CodeKeyInvalid},
-		{"broken sf-string", []string{`"abc`}, contract.CodeKeyInvalid},
-		{"sf-string with a bad escape", []string{`"a\b"`}, contract.CodeKeyInvalid},
-		{"empty sf-string", []string{`""`}, contract.CodeKeyInvalid},
+		{"missing", nil, idem.CodeKeyMissing},
+		{"empty", []string{""}, idem.CodeKeyInvalid},
+		{"blank", []string{"   "}, idem.CodeKeyInvalid},
+		{"256 characters", []string{strings.Repeat("a", 256)}, idem.CodeKeyInvalid},
+		{"bad alphabet", []string{"key with spaces"}, idem.CodeKeyInvalid},
+		{"dot", []string{"a.b"}, idem.CodeKeyInvalid},
+		{"non-ASCII", []string{"clé"}, idem.CodeKeyInvalid},
+		{"two field lines", []string{"a", "b"}, idem.CodeKeyInvalid},
+		{"a list", []string{"a, b"}, idem.CodeKeyInvalid},
+		{"broken sf-string", []string{`"abc`}, idem.CodeKeyInvalid},
+		{"sf-string with a bad escape", []string{`"a\b"`}, idem.CodeKeyInvalid},
+		{"empty sf-string", []string{`""`}, idem.CodeKeyInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -44,7 +43,7 @@ func TestBadKeysAreRefusedAndStoreNothing(t *testing.T) {
 	t.Run("standard name and alias together", func(t *testing.T) {
 		resp, body := e.callWith(http.Header{"X-Idempotency-Key": {"a"}}, "POST", "/v1/payments", "acme", pay, "a")
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
-		assert.Equal(t, contract.CodeKeyInvalid, problem(t, resp, body).Code)
+		assert.Equal(t, idem.CodeKeyInvalid, problem(t, resp, body).Code)
 	})
 	assert.Zero(t, e.app.runs.Load())
 	m, err := e.db.Metrics(context.Background())
@@ -95,7 +94,7 @@ func TestKeyWithParameters(t *testing.T) {
 	for _, v := range bad {
 		resp, body := e.call("POST", "/v1/payments", "acme", pay, v)
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, v)
-		assert.Equal(t, contract.CodeKeyInvalid, problem(t, resp, body).Code, v)
+		assert.Equal(t, idem.CodeKeyInvalid, problem(t, resp, body).Code, v)
 	}
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }

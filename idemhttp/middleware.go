@@ -37,7 +37,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // DefaultKeyAlphabet is the characters a key may use unless
@@ -48,9 +48,9 @@ const DefaultKeyAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 // Options configure the middleware. Store and Tenant are required; every
 // other zero value selects the default given in its comment.
 type Options struct {
-	// Store keeps the records: the embedded store (idem.Open) or any
+	// Store keeps the records: the embedded store (pebblestore.Open) or any
 	// other backend of the contract. Required.
-	Store contract.Store
+	Store idem.Store
 
 	// Tenant returns the authenticated caller a request belongs to: keys
 	// are scoped by it, so one tenant can never see another's responses.
@@ -79,7 +79,7 @@ type Options struct {
 	// KeyAlphabet is the set of characters a key may contain.
 	// Default: DefaultKeyAlphabet.
 	KeyAlphabet string
-	// MaxKeyLength bounds a key's length, at most contract.MaxKeyBytes.
+	// MaxKeyLength bounds a key's length, at most idem.MaxKeyBytes.
 	// Default: 255.
 	MaxKeyLength int
 
@@ -88,7 +88,7 @@ type Options struct {
 	// (client timestamps, trace IDs) to leave out. Its MaxBytes must stay
 	// zero: MaxRequestBytes is the body's one limit. Default: the exact
 	// profile, nothing volatile.
-	Canonical contract.CanonicalOptions
+	Canonical idem.CanonicalOptions
 
 	// RawFallback fingerprints a JSON or form body that Canonical refuses
 	// (duplicate members, NaN, nesting deeper than its MaxDepth, a bare %
@@ -96,7 +96,7 @@ type Options struct {
 	// request_body_invalid: for a handler whose own parser accepts such
 	// bodies. A retry of such a request must send the same bytes. Its
 	// fingerprint never equals that of a body that canonicalizes (see
-	// contract.Request.Raw). Default: false, refuse.
+	// idem.Request.Raw). Default: false, refuse.
 	RawFallback bool
 
 	// MaxRequestBytes bounds the request body, both what is read and what
@@ -129,7 +129,7 @@ type Options struct {
 	Outcomes OutcomePolicy
 
 	// ReconcileEvery says that the store runs a reconciler (such as
-	// idem.Options.Reconcile) that finds out what became of claims whose
+	// pebblestore.Options.Reconcile) that finds out what became of claims whose
 	// lease ran out, and how often it looks for them. A retry that finds
 	// such a claim then gets 409 request_in_progress, with ReconcileEvery
 	// as its Retry-After, since its outcome is being looked up; without a
@@ -169,8 +169,8 @@ type Observation struct {
 	// Endpoint is the endpoint as Options.Endpoint names it.
 	Endpoint string
 	// Outcome is OutcomeExecuted, OutcomeReplayed, OutcomePanic, or the
-	// code of the problem the request was refused with (contract.CodeInProgress,
-	// contract.CodeKeyReuse, ...).
+	// code of the problem the request was refused with (idem.CodeInProgress,
+	// idem.CodeKeyReuse, ...).
 	Outcome string
 	// Status is the status the client got, or 0 when the handler hijacked
 	// the connection and answered on it.
@@ -190,7 +190,7 @@ const (
 // middleware is the validated configuration behind the handler.
 type middleware struct {
 	opts      Options
-	canonical contract.CanonicalOptions // opts.Canonical bounded by MaxRequestBytes
+	canonical idem.CanonicalOptions // opts.Canonical bounded by MaxRequestBytes
 	headers   []string
 	methods   map[string]bool
 	alphabet  [256]bool
@@ -227,7 +227,7 @@ func newMiddleware(o Options) (*middleware, error) {
 		o.Methods = []string{http.MethodPost}
 	}
 	if o.Header == "" {
-		o.Header = contract.HeaderKey
+		o.Header = idem.HeaderKey
 	}
 	if o.KeyAlphabet == "" {
 		o.KeyAlphabet = DefaultKeyAlphabet
@@ -270,8 +270,8 @@ func newMiddleware(o Options) (*middleware, error) {
 		}
 		m.alphabet[c] = true
 	}
-	if o.MaxKeyLength < 1 || o.MaxKeyLength > contract.MaxKeyBytes {
-		bad("Options.MaxKeyLength %d must be between 1 and %d", o.MaxKeyLength, contract.MaxKeyBytes)
+	if o.MaxKeyLength < 1 || o.MaxKeyLength > idem.MaxKeyBytes {
+		bad("Options.MaxKeyLength %d must be between 1 and %d", o.MaxKeyLength, idem.MaxKeyBytes)
 	}
 	if o.MaxRequestBytes < 0 {
 		bad("Options.MaxRequestBytes %d must not be negative", o.MaxRequestBytes)
@@ -314,7 +314,7 @@ func newMiddleware(o Options) (*middleware, error) {
 	if u, err := url.Parse(o.ProblemBase); err != nil || !u.IsAbs() || strings.ContainsAny(o.ProblemBase, " <>\"") {
 		bad("Options.ProblemBase %q must be an absolute URI", o.ProblemBase)
 	}
-	if _, err := contract.Canonicalize([]byte("{}"), m.canonical); err != nil {
+	if _, err := idem.Canonicalize([]byte("{}"), m.canonical); err != nil {
 		errs = append(errs, fmt.Errorf("idemhttp: Options.Canonical: %w", err))
 	}
 	if len(errs) > 0 {
@@ -419,55 +419,55 @@ func safeMethod(method string) bool {
 func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Handler, endpoint string) (result string, status int) {
 	key, err := m.readKey(r)
 	if err != nil {
-		code := contract.CodeKeyInvalid
+		code := idem.CodeKeyInvalid
 		if errors.Is(err, errKeyMissing) {
-			code = contract.CodeKeyMissing
+			code = idem.CodeKeyMissing
 		}
 		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: code, Detail: err.Error()}, 0)
 	}
-	w.Header().Set(contract.HeaderKey, key)
+	w.Header().Set(idem.HeaderKey, key)
 	tenant, err := m.opts.Tenant(r)
-	if err == nil && len(tenant) > contract.MaxTenantBytes {
+	if err == nil && len(tenant) > idem.MaxTenantBytes {
 		// Checked here, not left to the store, so that the client hears
 		// about its credential rather than about its key.
-		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), contract.MaxTenantBytes)
+		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), idem.MaxTenantBytes)
 	}
 	if err != nil {
-		return m.problem(w, Problem{Status: http.StatusUnauthorized, Code: contract.CodeTenantMissing, Detail: err.Error()}, 0)
+		return m.problem(w, Problem{Status: http.StatusUnauthorized, Code: idem.CodeTenantMissing, Detail: err.Error()}, 0)
 	}
-	if len(endpoint) > contract.MaxEndpointBytes {
+	if len(endpoint) > idem.MaxEndpointBytes {
 		// By default the endpoint is the method and the path, so this is
 		// the path's fault, not the key's, which is what the store's
 		// ErrInvalidScope would otherwise be reported as.
-		return m.problem(w, Problem{Status: http.StatusRequestURITooLong, Code: contract.CodeURITooLong,
-			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), contract.MaxEndpointBytes)}, 0)
+		return m.problem(w, Problem{Status: http.StatusRequestURITooLong, Code: idem.CodeURITooLong,
+			Detail: fmt.Sprintf("the endpoint is %d bytes, more than %d", len(endpoint), idem.MaxEndpointBytes)}, 0)
 	}
 	if r.ContentLength > m.opts.MaxRequestBytes {
 		// Refused before a byte of the body is read, so that a client that
 		// sent Expect: 100-continue gets this answer instead of the go-ahead
 		// to send a body that would be refused anyway.
-		return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
+		return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: idem.CodePayloadTooLarge,
 			Detail: fmt.Sprintf("the request body is larger than %d bytes", m.opts.MaxRequestBytes)}, 0)
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, m.opts.MaxRequestBytes+1))
 	if err != nil {
 		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
 			// An outer http.MaxBytesReader has a lower cap than ours.
-			return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
+			return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: idem.CodePayloadTooLarge,
 				Detail: fmt.Sprintf("the request body is larger than %d bytes", tooLarge.Limit)}, 0)
 		}
 		// The cause goes to the log only: a connection's error names both
 		// ends of the socket, which the client has no use for.
 		m.opts.Logger.Debug("idemhttp: reading the request body failed", "err", err)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return m.problem(w, Problem{Status: http.StatusRequestTimeout, Code: contract.CodeRequestTimeout,
+			return m.problem(w, Problem{Status: http.StatusRequestTimeout, Code: idem.CodeRequestTimeout,
 				Detail: "the request body did not arrive in time; nothing was recorded, retry with the same key"}, 0)
 		}
-		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid,
+		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: idem.CodeBodyInvalid,
 			Detail: "the request body could not be read to its end"}, 0)
 	}
 	if int64(len(body)) > m.opts.MaxRequestBytes {
-		return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: contract.CodePayloadTooLarge,
+		return m.problem(w, Problem{Status: http.StatusRequestEntityTooLarge, Code: idem.CodePayloadTooLarge,
 			Detail: fmt.Sprintf("the request body is larger than %d bytes", m.opts.MaxRequestBytes)}, 0)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -475,25 +475,25 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	if r.URL.RawQuery != "" {
 		path += "?" + r.URL.RawQuery
 	}
-	req := contract.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
+	req := idem.Request{Method: r.Method, Path: path, Tenant: tenant, ContentType: r.Header.Get("Content-Type"),
 		ContentEncoding: strings.Join(r.Header.Values("Content-Encoding"), ","), Body: body}
 	fp, err := req.Fingerprint(m.canonical)
-	if errors.Is(err, contract.ErrInvalidBody) && m.opts.RawFallback {
+	if errors.Is(err, idem.ErrInvalidBody) && m.opts.RawFallback {
 		req.Raw = true
 		fp, err = req.Fingerprint(m.canonical)
 	}
 	if err != nil {
-		p := Problem{Status: http.StatusBadRequest, Code: contract.CodeBodyInvalid, Detail: err.Error()}
-		var be *contract.BodyError
+		p := Problem{Status: http.StatusBadRequest, Code: idem.CodeBodyInvalid, Detail: err.Error()}
+		var be *idem.BodyError
 		if errors.As(err, &be) {
 			p.BodyError, p.BodyOffset = be.Code, &be.Offset
 		}
 		return m.problem(w, p, 0)
 	}
-	scope := contract.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
+	scope := idem.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
 
 	lease, replay, err := m.opts.Store.Claim(r.Context(), scope, fp)
-	if errors.Is(err, contract.ErrInProgress) && m.opts.Wait > 0 {
+	if errors.Is(err, idem.ErrInProgress) && m.opts.Wait > 0 {
 		wctx, cancel := context.WithTimeout(r.Context(), m.opts.Wait)
 		werr := m.opts.Store.Wait(wctx, scope)
 		cancel()
@@ -513,34 +513,34 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 
 // refuse answers a claim that did not get the key.
 func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, status int) {
-	var ke *contract.KeyError
+	var ke *idem.KeyError
 	switch {
-	case errors.Is(err, contract.ErrFingerprintMismatch):
-		return m.problem(w, Problem{Status: m.opts.MismatchStatus, Code: contract.CodeKeyReuse,
+	case errors.Is(err, idem.ErrFingerprintMismatch):
+		return m.problem(w, Problem{Status: m.opts.MismatchStatus, Code: idem.CodeKeyReuse,
 			Detail: "this idempotency key was used for a different request; use a new key for a new operation"}, 0)
-	case errors.Is(err, contract.ErrInProgress) && errors.As(err, &ke):
-		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
+	case errors.Is(err, idem.ErrInProgress) && errors.As(err, &ke):
+		return m.problem(w, Problem{Status: http.StatusConflict, Code: idem.CodeInProgress,
 			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
-	case errors.Is(err, contract.ErrOutcomePending) && errors.As(err, &ke) && ke.State == contract.StateInProgress && m.opts.ReconcileEvery > 0:
+	case errors.Is(err, idem.ErrOutcomePending) && errors.As(err, &ke) && ke.State == idem.StateInProgress && m.opts.ReconcileEvery > 0:
 		// Its lease ran out, and the reconciler picks it up on its next
 		// pass: the retry is worth making.
-		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeInProgress,
-			Detail: contract.ReconcilingDetail}, m.opts.ReconcileEvery)
-	case errors.Is(err, contract.ErrOutcomePending):
-		return m.problem(w, Problem{Status: http.StatusConflict, Code: contract.CodeOutcomePending,
-			Detail: "an earlier attempt with this idempotency key " + contract.PendingOutcome(err) + "; every retry with this key gets this answer " +
+		return m.problem(w, Problem{Status: http.StatusConflict, Code: idem.CodeInProgress,
+			Detail: idem.ReconcilingDetail}, m.opts.ReconcileEvery)
+	case errors.Is(err, idem.ErrOutcomePending):
+		return m.problem(w, Problem{Status: http.StatusConflict, Code: idem.CodeOutcomePending,
+			Detail: "an earlier attempt with this idempotency key " + idem.PendingOutcome(err) + "; every retry with this key gets this answer " +
 				"until the service's operator resolves it (idem resolve). " +
 				"Do not send the operation under a new key: it would run again"}, 0)
-	case errors.Is(err, contract.ErrInvalidScope):
-		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: contract.CodeKeyInvalid, Detail: err.Error()}, 0)
-	case errors.Is(err, contract.ErrClockBehind):
+	case errors.Is(err, idem.ErrInvalidScope):
+		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: idem.CodeKeyInvalid, Detail: err.Error()}, 0)
+	case errors.Is(err, idem.ErrClockBehind):
 		// The store logs and counts it; a line per request would drown
 		// that one.
-		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeClockBehind,
-			Detail: contract.ClockBehindDetail}, contract.ClockBehindRetry)
+		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: idem.CodeClockBehind,
+			Detail: idem.ClockBehindDetail}, idem.ClockBehindRetry)
 	default:
 		m.opts.Logger.Error("idemhttp: claim failed", "err", err)
-		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
+		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: idem.CodeStoreUnavailable,
 			Detail: "the idempotency store is unavailable; retry with the same key"}, time.Second)
 	}
 }
@@ -553,13 +553,13 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 // that the operation ran. A body in a content coding that the retry does
 // not accept is decoded when it is gzip, and answered with 406 otherwise,
 // rather than sent as bytes the client cannot read.
-func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *contract.Record) (result string, status int) {
+func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *idem.Record) (result string, status int) {
 	h := w.Header()
-	h.Set(contract.HeaderExpires, httpDate(rec.ExpiresAt))
+	h.Set(idem.HeaderExpires, httpDate(rec.ExpiresAt))
 	if rec.BodyOmitted {
-		h.Set(contract.HeaderReplayed, "true")
-		h.Set(contract.HeaderBodyOmitted, "true")
-		return m.problem(w, Problem{Status: http.StatusGone, Code: contract.CodeResponseBodyOmitted, OriginalStatus: rec.Response.Status,
+		h.Set(idem.HeaderReplayed, "true")
+		h.Set(idem.HeaderBodyOmitted, "true")
+		return m.problem(w, Problem{Status: http.StatusGone, Code: idem.CodeResponseBodyOmitted, OriginalStatus: rec.Response.Status,
 			Detail: fmt.Sprintf("the request ran and answered %d, but its body (%d bytes) was too large to keep, so it cannot be sent again; "+
 				"do not repeat the operation under a new key: it would run again", rec.Response.Status, rec.BodyLen)}, 0)
 	}
@@ -567,8 +567,8 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *contrac
 	if c := contentCoding(rec.Response.Header); c != "" && !acceptsCoding(r.Header, c) {
 		var err error
 		if body, err = decode(c, body); err != nil {
-			h.Set(contract.HeaderReplayed, "true")
-			return m.problem(w, Problem{Status: http.StatusNotAcceptable, Code: contract.CodeEncodingNotAcceptable, OriginalStatus: rec.Response.Status,
+			h.Set(idem.HeaderReplayed, "true")
+			return m.problem(w, Problem{Status: http.StatusNotAcceptable, Code: idem.CodeEncodingNotAcceptable, OriginalStatus: rec.Response.Status,
 				Detail: fmt.Sprintf("the request ran and answered %d with a body coded %s, which this request's Accept-Encoding refuses; "+
 					"retry with the same key and accept %s", rec.Response.Status, c, c)}, 0)
 		}
@@ -587,7 +587,7 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *contrac
 		h.Del("Content-Length")
 		h.Del("ETag")
 	}
-	h.Set(contract.HeaderReplayed, "true")
+	h.Set(idem.HeaderReplayed, "true")
 	w.WriteHeader(rec.Response.Status)
 	w.Write(body)
 	return OutcomeReplayed, rec.Response.Status
@@ -665,7 +665,7 @@ func decode(c string, body []byte) ([]byte, error) {
 // then lets the response reach the client: a client must never hold an
 // answer that a crash could still take back from its retries. A handler
 // that flushes streams instead (see recorder).
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, lease contract.Lease) (result string, status int) {
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, lease idem.Lease) (result string, status int) {
 	out := &outcome{}
 	// A client that disconnects must not cancel the operation: its retry
 	// should find the finished result, not a half-done one.
@@ -699,10 +699,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	case release:
 		m.end(lease, lease.Release(storeCtx))
 	default:
-		err := lease.Complete(storeCtx, contract.Response{Status: status, Header: header, Body: body})
+		err := lease.Complete(storeCtx, idem.Response{Status: status, Header: header, Body: body})
 		m.end(lease, err)
 		if err == nil {
-			rec.setHeader(contract.HeaderExpires, rec.expires)
+			rec.setHeader(idem.HeaderExpires, rec.expires)
 		}
 		if err != nil && rec.streaming {
 			// Most of a streamed answer is out, but not its end: breaking
@@ -714,10 +714,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			// would let the client hold what its retry cannot get back.
 			// The retry gets 409 until the record is reconciled; it never
 			// runs the operation again.
-			key := w.Header().Get(contract.HeaderKey)
+			key := w.Header().Get(idem.HeaderKey)
 			clear(w.Header())
-			w.Header().Set(contract.HeaderKey, key)
-			return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: contract.CodeStoreUnavailable,
+			w.Header().Set(idem.HeaderKey, key)
+			return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: idem.CodeStoreUnavailable,
 				Detail: "the request ran but its outcome could not be stored; retry with the same key, it will not run twice"}, time.Second)
 		}
 	}
@@ -726,10 +726,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 
 // end logs an outcome that could not be stored. The record stays in
 // progress and is found by reconciliation: never re-run blindly.
-func (m *middleware) end(lease contract.Lease, err error) {
+func (m *middleware) end(lease idem.Lease, err error) {
 	if err != nil {
 		s := lease.Scope()
 		m.opts.Logger.Error("idemhttp: storing the outcome failed; the record stays in progress until reconciled",
-			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", contract.KeyHash(s.Key), "err", err)
+			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", idem.KeyHash(s.Key), "err", err)
 	}
 }

@@ -24,10 +24,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	pubtest "github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 func TestFirstCallThenReplay(t *testing.T) {
@@ -75,7 +75,7 @@ func TestChangedPayloadIsRefused(t *testing.T) {
 	e.call("POST", "/v1/payments", "acme", pay, "k")
 	resp, body := e.call("POST", "/v1/payments", "acme", `{"amount":4201,"currency":"usd","customer":"cus_1"}`, "k")
 	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
-	assert.Equal(t, contract.CodeKeyReuse, problem(t, resp, body).Code)
+	assert.Equal(t, idem.CodeKeyReuse, problem(t, resp, body).Code)
 	assert.Equal(t, "k", resp.Header.Get("Idempotency-Key"))
 	assert.Equal(t, int64(1), e.app.runs.Load())
 
@@ -92,30 +92,30 @@ func TestMismatchStatusIsConfigurable(t *testing.T) {
 	e.call("POST", "/v1/payments", "acme", pay, "k")
 	resp, body := e.call("POST", "/v1/payments", "acme", `{}`, "k")
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, contract.CodeKeyReuse, problem(t, resp, body).Code)
+	assert.Equal(t, idem.CodeKeyReuse, problem(t, resp, body).Code)
 }
 
 func TestOtherRefusals(t *testing.T) {
 	e := setup(t, idemhttp.Options{MaxRequestBytes: 64})
 	resp, body := e.call("POST", "/v1/payments", "", pay, "k")
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
-	assert.Equal(t, contract.CodeTenantMissing, problem(t, resp, body).Code)
+	assert.Equal(t, idem.CodeTenantMissing, problem(t, resp, body).Code)
 
 	resp, body = e.call("POST", "/v1/payments", strings.Repeat("t", idem.MaxTenantBytes+1), pay, "k")
 	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
 	p := problem(t, resp, body)
-	assert.Equal(t, contract.CodeTenantMissing, p.Code, "a tenant too long to store is the credential's fault, not the key's")
+	assert.Equal(t, idem.CodeTenantMissing, p.Code, "a tenant too long to store is the credential's fault, not the key's")
 	assert.Contains(t, p.Detail, "more than 255")
 	assert.Zero(t, e.app.runs.Load())
 
 	resp, body = e.call("POST", "/v1/payments", "acme", `{"amount":`+strings.Repeat("1", 100)+`}`, "k")
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
-	assert.Equal(t, contract.CodePayloadTooLarge, problem(t, resp, body).Code)
+	assert.Equal(t, idem.CodePayloadTooLarge, problem(t, resp, body).Code)
 
 	resp, body = e.call("POST", "/v1/payments", "acme", `{"a":1,"a":2}`, "k")
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	p = problem(t, resp, body)
-	assert.Equal(t, contract.CodeBodyInvalid, p.Code)
+	assert.Equal(t, idem.CodeBodyInvalid, p.Code)
 	assert.Equal(t, "duplicate_member", p.BodyError)
 	require.NotNil(t, p.BodyOffset)
 
@@ -161,13 +161,13 @@ func TestRefusalsNameTheirCause(t *testing.T) {
 	resp, body := e.call("POST", "/v1/"+strings.Repeat("a", idem.MaxEndpointBytes), "acme", pay, "k")
 	assert.Equal(t, http.StatusRequestURITooLong, resp.StatusCode)
 	p := problem(t, resp, body)
-	assert.Equal(t, contract.CodeURITooLong, p.Code)
+	assert.Equal(t, idem.CodeURITooLong, p.Code)
 	assert.Contains(t, p.Detail, "more than 1024")
 
 	resp, body = e.call("POST", "/capped", "acme", pay, "k")
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
 	p = problem(t, resp, body)
-	assert.Equal(t, contract.CodePayloadTooLarge, p.Code)
+	assert.Equal(t, idem.CodePayloadTooLarge, p.Code)
 	assert.Contains(t, p.Detail, "larger than 10 bytes")
 
 	assert.Zero(t, e.app.runs.Load())
@@ -204,7 +204,7 @@ func TestKeyedUnsafeMethodIsProtected(t *testing.T) {
 
 			resp, body := e.call(method, "/v1/payments/pay_1", "acme", `{"amount":1}`, "k-"+method)
 			assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
-			assert.Equal(t, contract.CodeKeyReuse, problem(t, resp, body).Code)
+			assert.Equal(t, idem.CodeKeyReuse, problem(t, resp, body).Code)
 
 			resp, _ = e.call(method, "/v1/payments/pay_1", "acme", pay)
 			assert.Equal(t, http.StatusCreated, resp.StatusCode, "no key, and none required")
@@ -214,7 +214,7 @@ func TestKeyedUnsafeMethodIsProtected(t *testing.T) {
 	t.Run("a malformed key is refused", func(t *testing.T) {
 		resp, body := e.call("PATCH", "/v1/payments/pay_1", "acme", pay, "a b")
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
-		assert.Equal(t, contract.CodeKeyInvalid, problem(t, resp, body).Code)
+		assert.Equal(t, idem.CodeKeyInvalid, problem(t, resp, body).Code)
 	})
 	t.Run("safe methods pass through", func(t *testing.T) {
 		for _, method := range []string{"GET", "HEAD", "OPTIONS", "TRACE"} {
@@ -243,7 +243,7 @@ func TestSlowBodyIs408(t *testing.T) {
 
 	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
 	p := problem(t, resp, body)
-	assert.Equal(t, contract.CodeRequestTimeout, p.Code)
+	assert.Equal(t, idem.CodeRequestTimeout, p.Code)
 	assert.NotContains(t, p.Detail, "127.0.0.1")
 	assert.NotContains(t, p.Detail, "tcp")
 	assert.Zero(t, e.app.runs.Load())
@@ -280,7 +280,7 @@ func TestExpectContinueOverLimitIsRefusedFirst(t *testing.T) {
 		"Idempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 1001\r\nExpect: 100-continue\r\n\r\n")
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "no 100 Continue first")
 	p := problem(t, resp, body)
-	assert.Equal(t, contract.CodePayloadTooLarge, p.Code)
+	assert.Equal(t, idem.CodePayloadTooLarge, p.Code)
 	assert.Equal(t, "the request body is larger than 1000 bytes", p.Detail)
 	assert.Zero(t, e.app.runs.Load())
 
@@ -298,7 +298,7 @@ func TestUnreadableBodyNamesNoAddress(t *testing.T) {
 	w := e.serve(req)
 	assert.Equal(t, http.StatusBadRequest, w.Code)
 	p := problem(t, w.Result(), w.Body.String())
-	assert.Equal(t, contract.CodeBodyInvalid, p.Code)
+	assert.Equal(t, idem.CodeBodyInvalid, p.Code)
 	assert.NotContains(t, p.Detail, "10.1.2.3")
 	assert.Zero(t, e.app.runs.Load())
 }
@@ -402,7 +402,7 @@ func TestHandlerDeclaresOutcome(t *testing.T) {
 	resp, body := e.call("POST", "/v1/payments", "acme", pay, "u")
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
 	p := problem(t, resp, body)
-	assert.Equal(t, contract.CodeOutcomePending, p.Code)
+	assert.Equal(t, idem.CodeOutcomePending, p.Code)
 	assert.Contains(t, p.Detail, "may or may not have taken effect")
 	assert.Contains(t, p.Detail, "until the service's operator resolves it (idem resolve")
 	assert.NotContains(t, p.Detail, "being reconciled", "nothing may be reconciling it")
@@ -419,12 +419,12 @@ func TestOverdueClaimAnswer(t *testing.T) {
 		code, contain string
 		retryAfter    string
 	}{
-		{"no reconciler", 0, contract.CodeOutcomePending, "stopped before its outcome was recorded, so it may or may not have taken effect; " +
+		{"no reconciler", 0, idem.CodeOutcomePending, "stopped before its outcome was recorded, so it may or may not have taken effect; " +
 			"every retry with this key gets this answer until the service's operator resolves it (idem resolve)", ""},
-		{"reconciler", time.Minute, contract.CodeInProgress, "the service is finding out what became of it; retry with the same key later", "60"},
+		{"reconciler", time.Minute, idem.CodeInProgress, "the service is finding out what became of it; retry with the same key later", "60"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			db, clock := idemtest.Open(t, &idem.Options{Logger: discardLogger()})
+			db, clock := idemtest.Open(t, &pebblestore.Options{Logger: discardLogger()})
 			crashed := setup(t, idemhttp.Options{Store: pubtest.Forgetful(db)})
 			resp, _ := crashed.call("POST", "/v1/payments", "acme", pay, "k")
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
@@ -450,7 +450,7 @@ func TestOverdueClaimAnswer(t *testing.T) {
 			resp, body = e.call("POST", "/v1/payments", "acme", pay, "u")
 			assert.Equal(t, http.StatusConflict, resp.StatusCode)
 			p = problem(t, resp, body)
-			assert.Equal(t, contract.CodeOutcomePending, p.Code)
+			assert.Equal(t, idem.CodeOutcomePending, p.Code)
 			assert.Contains(t, p.Detail, "until the service's operator resolves it (idem resolve)")
 			assert.Empty(t, resp.Header.Get("Retry-After"))
 		})
@@ -488,18 +488,18 @@ func TestOutcomePolicy(t *testing.T) {
 	send("unknown", "504", false)
 	resp, body = send("unknown", "201", false)
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, contract.CodeOutcomePending, problem(t, resp, body).Code)
+	assert.Equal(t, idem.CodeOutcomePending, problem(t, resp, body).Code)
 
 	send("stored", "500", false)
 	resp, body = send("stored", "201", false)
 	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode, "a status the policy does not list is replayed")
-	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, "true", resp.Header.Get(idem.HeaderReplayed))
 	assert.Equal(t, "run 4", body)
 
 	send("kept", "503", true)
 	resp, body = send("kept", "201", false)
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "Keep wins over the policy")
-	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, "true", resp.Header.Get(idem.HeaderReplayed))
 	assert.Equal(t, "run 5", body)
 	assert.Equal(t, int64(5), e.app.runs.Load())
 }
@@ -518,7 +518,7 @@ func TestRawFallback(t *testing.T) {
 	first, firstBody := e.call("POST", "/v1/payments", "acme", dup, "k")
 	assert.Equal(t, http.StatusCreated, first.StatusCode)
 	resp, body = e.call("POST", "/v1/payments", "acme", dup, "k")
-	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, "true", resp.Header.Get(idem.HeaderReplayed))
 	assert.Equal(t, firstBody, body)
 	resp, _ = e.call("POST", "/v1/payments", "acme", `{"amount":1, "amount":2}`, "k")
 	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode, "other bytes are another request")
@@ -527,7 +527,7 @@ func TestRawFallback(t *testing.T) {
 	resp, _ = e.callWith(form, "POST", "/v1/payments", "acme", "a=100%", "f")
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	resp, _ = e.callWith(form, "POST", "/v1/payments", "acme", "a=100%", "f")
-	assert.Equal(t, "true", resp.Header.Get(contract.HeaderReplayed))
+	assert.Equal(t, "true", resp.Header.Get(idem.HeaderReplayed))
 	assert.Equal(t, int64(2), e.app.runs.Load())
 	assert.Zero(t, strict.app.runs.Load())
 }
@@ -583,7 +583,7 @@ func TestEncodedBodyIsHashedAsSent(t *testing.T) {
 
 	resp, body = post(gzipped(`{"amount":1}`))
 	assert.Equal(t, http.StatusUnprocessableEntity, resp.StatusCode)
-	assert.Equal(t, contract.CodeKeyReuse, problem(t, resp, body).Code)
+	assert.Equal(t, idem.CodeKeyReuse, problem(t, resp, body).Code)
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }
 
@@ -650,7 +650,7 @@ func TestClientDisconnectDoesNotCancelTheHandler(t *testing.T) {
 // the request gets 503 clock_behind with Retry-After, the handler does
 // not run and nothing is stored; once the clock is right it runs.
 func TestClockBehindIs503(t *testing.T) {
-	db, clock := idemtest.Open(t, &idem.Options{Logger: discardLogger()})
+	db, clock := idemtest.Open(t, &pebblestore.Options{Logger: discardLogger()})
 	e := setup(t, idemhttp.Options{Store: db})
 	resp, _ := e.call("POST", "/v1/payments", "acme", pay, "first")
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
@@ -659,8 +659,8 @@ func TestClockBehindIs503(t *testing.T) {
 	resp, body := e.call("POST", "/v1/payments", "acme", pay, "k")
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	p := problem(t, resp, body)
-	assert.Equal(t, contract.CodeClockBehind, p.Code)
-	assert.Equal(t, idemhttp.DefaultProblemBase+contract.CodeClockBehind, p.Type)
+	assert.Equal(t, idem.CodeClockBehind, p.Code)
+	assert.Equal(t, idemhttp.DefaultProblemBase+idem.CodeClockBehind, p.Type)
 	assert.Equal(t, "5", resp.Header.Get("Retry-After"))
 	assert.Equal(t, int64(1), e.app.runs.Load(), "nothing ran")
 	_, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "k"})
@@ -677,7 +677,7 @@ func TestStoreFailureIs503(t *testing.T) {
 	require.NoError(t, e.db.Close())
 	resp, body := e.call("POST", "/v1/payments", "acme", pay, "k")
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-	assert.Equal(t, contract.CodeStoreUnavailable, problem(t, resp, body).Code)
+	assert.Equal(t, idem.CodeStoreUnavailable, problem(t, resp, body).Code)
 	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
 	assert.Zero(t, e.app.runs.Load())
 }
@@ -685,16 +685,16 @@ func TestStoreFailureIs503(t *testing.T) {
 // TestExpiryHeader: a stored answer and each replay of it say when the
 // key expires; an answer that was not stored says nothing of the kind.
 func TestExpiryHeader(t *testing.T) {
-	db, _ := idemtest.Open(t, &idem.Options{EndpointTTL: map[string]time.Duration{"POST /v1/refunds": time.Hour}})
+	db, _ := idemtest.Open(t, &pebblestore.Options{EndpointTTL: map[string]time.Duration{"POST /v1/refunds": time.Hour}})
 	e := setup(t, idemhttp.Options{Store: db})
 	first, _ := e.call("POST", "/v1/refunds", "acme", pay, "k")
 	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/refunds", Key: "k"})
 	require.NoError(t, err)
 	want := rec.ExpiresAt.UTC().Format(http.TimeFormat)
-	assert.Equal(t, want, first.Header.Get(contract.HeaderExpires))
+	assert.Equal(t, want, first.Header.Get(idem.HeaderExpires))
 	replay, _ := e.call("POST", "/v1/refunds", "acme", pay, "k")
-	assert.Equal(t, "true", replay.Header.Get(contract.HeaderReplayed))
-	assert.Equal(t, []string{want}, replay.Header.Values(contract.HeaderExpires))
+	assert.Equal(t, "true", replay.Header.Get(idem.HeaderReplayed))
+	assert.Equal(t, []string{want}, replay.Header.Values(idem.HeaderExpires))
 	stored, err := time.Parse(http.TimeFormat, want)
 	require.NoError(t, err)
 	assert.Equal(t, rec.ExpiresAt.Truncate(time.Second).Unix(), stored.Unix())
@@ -714,24 +714,24 @@ func TestExpiryHeader(t *testing.T) {
 	}
 	released, _ := e.call("POST", "/v1/refunds", "acme", pay, "released")
 	assert.Equal(t, http.StatusTooManyRequests, released.StatusCode)
-	assert.Empty(t, released.Header.Get(contract.HeaderExpires), "a released key has no expiry")
+	assert.Empty(t, released.Header.Get(idem.HeaderExpires), "a released key has no expiry")
 	empty, _ := e.callWith(http.Header{"X-Empty": {"1"}}, "POST", "/v1/refunds", "acme", pay, "empty")
 	assert.Equal(t, http.StatusOK, empty.StatusCode)
-	assert.NotEmpty(t, empty.Header.Get(contract.HeaderExpires), "an answer without a status written is stored too")
+	assert.NotEmpty(t, empty.Header.Get(idem.HeaderExpires), "an answer without a status written is stored too")
 
 	stream := http.Header{"X-Stream": {"1"}}
 	streamed, body := e.callWith(stream, "POST", "/v1/refunds", "acme", pay, "streamed")
 	assert.Equal(t, "first part second part", body)
-	assert.NotEmpty(t, streamed.Header.Get(contract.HeaderExpires), "a streamed answer carries it from its start")
+	assert.NotEmpty(t, streamed.Header.Get(idem.HeaderExpires), "a streamed answer carries it from its start")
 	replay, _ = e.callWith(stream, "POST", "/v1/refunds", "acme", pay, "streamed")
-	assert.Equal(t, "true", replay.Header.Get(contract.HeaderReplayed))
-	assert.Equal(t, streamed.Header.Get(contract.HeaderExpires), replay.Header.Get(contract.HeaderExpires))
+	assert.Equal(t, "true", replay.Header.Get(idem.HeaderReplayed))
+	assert.Equal(t, streamed.Header.Get(idem.HeaderExpires), replay.Header.Get(idem.HeaderExpires))
 }
 
 // TestRouteTTL: a route's TTL is the store's, set per endpoint as the
 // middleware names it.
 func TestRouteTTL(t *testing.T) {
-	db, _ := idemtest.Open(t, &idem.Options{EndpointTTL: map[string]time.Duration{"POST /v1/refunds": time.Hour}})
+	db, _ := idemtest.Open(t, &pebblestore.Options{EndpointTTL: map[string]time.Duration{"POST /v1/refunds": time.Hour}})
 	e := setup(t, idemhttp.Options{Store: db})
 	e.call("POST", "/v1/refunds", "acme", pay, "k")
 	rec, err := db.Get(context.Background(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/refunds", Key: "k"})
@@ -781,9 +781,9 @@ func TestObserveReportsEachOutcome(t *testing.T) {
 	}{
 		{"POST", "/v1/payments", pay, "obs-1", idemhttp.OutcomeExecuted, http.StatusCreated},
 		{"POST", "/v1/payments", pay, "obs-1", idemhttp.OutcomeReplayed, http.StatusCreated},
-		{"POST", "/v1/payments", `{"amount":1}`, "obs-1", contract.CodeKeyReuse, http.StatusUnprocessableEntity},
-		{"POST", "/v1/refunds", pay, "", contract.CodeKeyMissing, http.StatusBadRequest},
-		{"POST", "/v1/refunds", `{"a":`, "obs-2", contract.CodeBodyInvalid, http.StatusBadRequest},
+		{"POST", "/v1/payments", `{"amount":1}`, "obs-1", idem.CodeKeyReuse, http.StatusUnprocessableEntity},
+		{"POST", "/v1/refunds", pay, "", idem.CodeKeyMissing, http.StatusBadRequest},
+		{"POST", "/v1/refunds", `{"a":`, "obs-2", idem.CodeBodyInvalid, http.StatusBadRequest},
 	}
 	for _, s := range steps {
 		var keys []string
@@ -816,7 +816,7 @@ func TestAnswerWaitsForItsRecord(t *testing.T) {
 	}
 	resp, body := e.call("POST", "/v1/payments", "acme", pay, "held-1")
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-	assert.Equal(t, contract.CodeStoreUnavailable, problem(t, resp, body).Code)
+	assert.Equal(t, idem.CodeStoreUnavailable, problem(t, resp, body).Code)
 	assert.Equal(t, "held-1", resp.Header.Get("Idempotency-Key"))
 	assert.NotEqual(t, "4", resp.Header.Get("Content-Length"), "nothing of the handler's answer leaks")
 	assert.NotContains(t, body, "paid")

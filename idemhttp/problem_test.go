@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/idemtest"
 )
@@ -40,14 +40,14 @@ func TestProblemDocument(t *testing.T) {
 	var doc map[string]any
 	require.NoError(t, json.Unmarshal([]byte(body), &doc))
 	assert.Equal(t, map[string]any{
-		"type": idemhttp.DefaultProblemBase + contract.CodeKeyInvalid, "title": "Bad Request", "status": 400.0,
-		"detail": "the idempotency key has a character outside ab<>&", "code": contract.CodeKeyInvalid,
+		"type": idemhttp.DefaultProblemBase + idem.CodeKeyInvalid, "title": "Bad Request", "status": 400.0,
+		"detail": "the idempotency key has a character outside ab<>&", "code": idem.CodeKeyInvalid,
 	}, doc)
 	assert.Contains(t, body, "ab<>&", "the detail is not escaped for HTML")
 
 	resp, body = e.call("POST", "/v1/payments", "acme", `{"a":`, "ab")
 	p := problem(t, resp, body)
-	assert.Equal(t, contract.CodeBodyInvalid, p.Code)
+	assert.Equal(t, idem.CodeBodyInvalid, p.Code)
 	assert.Equal(t, "syntax", p.BodyError)
 	require.NotNil(t, p.BodyOffset)
 	assert.Equal(t, 5, *p.BodyOffset, "where the body ends too soon")
@@ -90,10 +90,10 @@ func TestProblemTypes(t *testing.T) {
 		status int
 		code   string
 	}{
-		{busy, busyBody, http.StatusConflict, contract.CodeInProgress},
-		{pending, pendingBody, http.StatusConflict, contract.CodeOutcomePending},
-		{missing, missingBody, http.StatusBadRequest, contract.CodeKeyMissing},
-		{reuse, reuseBody, http.StatusUnprocessableEntity, contract.CodeKeyReuse},
+		{busy, busyBody, http.StatusConflict, idem.CodeInProgress},
+		{pending, pendingBody, http.StatusConflict, idem.CodeOutcomePending},
+		{missing, missingBody, http.StatusBadRequest, idem.CodeKeyMissing},
+		{reuse, reuseBody, http.StatusUnprocessableEntity, idem.CodeKeyReuse},
 	} {
 		assert.Equal(t, c.status, c.resp.StatusCode, c.code)
 		var p idemhttp.Problem

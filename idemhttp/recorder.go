@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // recorder holds a handler's response and keeps a copy to store. The
@@ -60,8 +60,8 @@ func (r *recorder) WriteHeader(status int) {
 	}
 	// A handler may have added the key again (a proxy copying an upstream
 	// echo); the answer carries it once, as its replay will.
-	if vs := r.w.Header().Values(contract.HeaderKey); len(vs) > 1 {
-		r.w.Header().Set(contract.HeaderKey, vs[0])
+	if vs := r.w.Header().Values(idem.HeaderKey); len(vs) > 1 {
+		r.w.Header().Set(idem.HeaderKey, vs[0])
 	}
 	r.status = status
 	r.header = storableHeader(r.w.Header(), r.outer)
@@ -107,7 +107,7 @@ func (r *recorder) Flush() {
 		// The header leaves now, before the outcome is stored: it says
 		// when the key expires if the answer is stored.
 		if r.expires != "" {
-			r.sent.Set(contract.HeaderExpires, r.expires)
+			r.sent.Set(idem.HeaderExpires, r.expires)
 		}
 		r.writeStatus()
 	}
@@ -250,7 +250,7 @@ func (r *recorder) trailers(prefixed bool) http.Header {
 var hopByHop = map[string]bool{
 	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Transfer-Encoding": true, "Upgrade": true, "Date": true,
-	contract.HeaderKey: true, contract.HeaderReplayed: true, contract.HeaderBodyOmitted: true, contract.HeaderExpires: true,
+	idem.HeaderKey: true, idem.HeaderReplayed: true, idem.HeaderBodyOmitted: true, idem.HeaderExpires: true,
 }
 
 // appendPrefix marks, in a stored header, the values a handler added to a

@@ -17,9 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // TestReplayKeepsTheRetrysOwnHeaders: headers that layers around the
@@ -204,7 +204,7 @@ func TestWritesPastTheDeclaredLengthAreRefused(t *testing.T) {
 // the replay as it framed the first answer, also past net/http's buffer,
 // where an undeclared one would be chunked.
 func TestReplayKeepsADeclaredLength(t *testing.T) {
-	db, _ := idemtest.Open(t, &idem.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
+	db, _ := idemtest.Open(t, &pebblestore.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
 	e := setup(t, idemhttp.Options{Store: db})
 	size := 4 << 10
 	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
@@ -229,7 +229,7 @@ func TestReplayKeepsADeclaredLength(t *testing.T) {
 // retrying client retries: a retry would get the same, and a new key
 // would run the operation again.
 func TestOmittedBodyIsNotReplayedAsSuccess(t *testing.T) {
-	db, _ := idemtest.Open(t, &idem.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
+	db, _ := idemtest.Open(t, &pebblestore.Options{InlineBodyBytes: 4 << 10, MaxBodyBytes: 4 << 10})
 	e := setup(t, idemhttp.Options{Store: db})
 	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -245,7 +245,7 @@ func TestOmittedBodyIsNotReplayedAsSuccess(t *testing.T) {
 	again, body := e.call("POST", "/v1/payments", "acme", pay, "omitted")
 	assert.Equal(t, http.StatusGone, again.StatusCode)
 	p := problem(t, again, body)
-	assert.Equal(t, contract.CodeResponseBodyOmitted, p.Code)
+	assert.Equal(t, idem.CodeResponseBodyOmitted, p.Code)
 	assert.Equal(t, http.StatusCreated, p.OriginalStatus)
 	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
 	assert.Equal(t, "true", again.Header.Get("Idempotent-Body-Omitted"))
@@ -280,7 +280,7 @@ func TestHijackedAnswerIsNotReplayed(t *testing.T) {
 
 	resp, body = e.call("POST", "/v1/payments", "acme", pay, "h")
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-	assert.Equal(t, contract.CodeOutcomePending, problem(t, resp, body).Code)
+	assert.Equal(t, idem.CodeOutcomePending, problem(t, resp, body).Code)
 	assert.Empty(t, resp.Header.Get("Idempotent-Replayed"))
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }
@@ -406,7 +406,7 @@ func TestReplayHonoursAcceptEncoding(t *testing.T) {
 	again, body := call("br", "br", "identity")
 	assert.Equal(t, http.StatusNotAcceptable, again.StatusCode)
 	p := problem(t, again, body)
-	assert.Equal(t, contract.CodeEncodingNotAcceptable, p.Code)
+	assert.Equal(t, idem.CodeEncodingNotAcceptable, p.Code)
 	assert.Equal(t, http.StatusCreated, p.OriginalStatus)
 	assert.Contains(t, p.Detail, "br")
 	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))

@@ -7,37 +7,37 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
-// storeMetric is one series a Collector derives from contract.Metrics.
+// storeMetric is one series a Collector derives from idem.Metrics.
 type storeMetric struct {
 	name, help string
 	kind       prometheus.ValueType
-	value      func(*contract.Metrics) float64
+	value      func(*idem.Metrics) float64
 }
 
 // storeMetrics lists every series of a Collector: a counter per
-// contract.Event, then the figures every backend reports. It is read only.
+// idem.Event, then the figures every backend reports. It is read only.
 var storeMetrics = append(eventMetrics(), []storeMetric{
 	{"idem_reclaimed_bytes_total", "Size of the expired records the sweeper deleted, body chunks included.", prometheus.CounterValue,
-		func(m *contract.Metrics) float64 { return float64(m.BytesReclaimed) }},
+		func(m *idem.Metrics) float64 { return float64(m.BytesReclaimed) }},
 
 	{"idem_in_progress_records", "Records in progress now, with a live lease or not.", prometheus.GaugeValue,
-		func(m *contract.Metrics) float64 { return float64(m.InProgress) }},
+		func(m *idem.Metrics) float64 { return float64(m.InProgress) }},
 	{"idem_overdue_records", "Records still in progress past their lease: their outcome waits for reconciliation.", prometheus.GaugeValue,
-		func(m *contract.Metrics) float64 { return float64(m.Overdue) }},
+		func(m *idem.Metrics) float64 { return float64(m.Overdue) }},
 	{"idem_oldest_in_progress_age_seconds", "Age of the oldest record in progress, 0 when there is none.", prometheus.GaugeValue,
-		func(m *contract.Metrics) float64 { return m.OldestInProgress.Seconds() }},
+		func(m *idem.Metrics) float64 { return m.OldestInProgress.Seconds() }},
 	{"idem_unknown_records", "Records whose outcome is unknown; retries get outcome_pending until they are resolved.", prometheus.GaugeValue,
-		func(m *contract.Metrics) float64 { return float64(m.UnknownRecords) }},
+		func(m *idem.Metrics) float64 { return float64(m.UnknownRecords) }},
 	{"idem_failed_records", "Records marked failed; retries get outcome_pending until they are resolved.", prometheus.GaugeValue,
-		func(m *contract.Metrics) float64 { return float64(m.FailedRecords) }},
+		func(m *idem.Metrics) float64 { return float64(m.FailedRecords) }},
 	{"idem_expired_records", "Records past their TTL that the sweeper has not deleted yet; reads already ignore them.", prometheus.GaugeValue,
-		func(m *contract.Metrics) float64 { return float64(m.Expired) }},
+		func(m *idem.Metrics) float64 { return float64(m.Expired) }},
 	{"idem_replay_ratio", "Share of successful claims answered from the store: replays over claims plus replays, 0 before the first.", prometheus.GaugeValue,
-		func(m *contract.Metrics) float64 {
-			claims, replays := m.Events[contract.EventClaimed], m.Events[contract.EventReplayed]
+		func(m *idem.Metrics) float64 {
+			claims, replays := m.Events[idem.EventClaimed], m.Events[idem.EventReplayed]
 			if n := claims + replays; n > 0 {
 				return float64(replays) / float64(n)
 			}
@@ -45,12 +45,12 @@ var storeMetrics = append(eventMetrics(), []storeMetric{
 		}},
 }...)
 
-// eventMetrics returns a counter series for each contract.Event.
+// eventMetrics returns a counter series for each idem.Event.
 func eventMetrics() []storeMetric {
-	out := make([]storeMetric, contract.NumEvents)
-	for e := range contract.Event(contract.NumEvents) {
+	out := make([]storeMetric, idem.NumEvents)
+	for e := range idem.Event(idem.NumEvents) {
 		out[e] = storeMetric{e.Series(), e.Help(), prometheus.CounterValue,
-			func(m *contract.Metrics) float64 { return float64(m.Events[e]) }}
+			func(m *idem.Metrics) float64 { return float64(m.Events[e]) }}
 	}
 	return out
 }
@@ -62,7 +62,7 @@ func eventMetrics() []storeMetric {
 // the backend's own figures (Metrics.Engine) under their own names. It is
 // safe for concurrent use. Create one with NewCollector.
 type Collector struct {
-	store contract.Operator
+	store idem.Operator
 	descs []*prometheus.Desc // parallel to storeMetrics
 	// engine holds a descriptor for each engine figure the store reported
 	// when the Collector was made, in that order.
@@ -76,7 +76,7 @@ type Collector struct {
 // NewCollector returns a Collector over store, to be registered on a
 // registry. It reads the store's metrics once, to learn the names of its
 // engine figures, and fails when that read does.
-func NewCollector(store contract.Operator) (*Collector, error) {
+func NewCollector(store idem.Operator) (*Collector, error) {
 	if store == nil {
 		return nil, errors.New("idemprom: NewCollector needs a store")
 	}

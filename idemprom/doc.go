@@ -4,9 +4,9 @@
 //
 // # What it exports
 //
-// A Collector reads a store's Metrics (contract.Operator) at scrape time
+// A Collector reads a store's Metrics (idem.Operator) at scrape time
 // and reports the contract's view, the same for every backend: a counter
-// for each contract.Event (idem_claims_total, idem_replays_total,
+// for each idem.Event (idem_claims_total, idem_replays_total,
 // idem_conflicts_total for a key in progress, idem_mismatches_total for a
 // key reused with another request, idem_outcome_pending_total,
 // idem_completions_total, idem_releases_total, idem_unknowns_total,

@@ -12,9 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemprom"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // Wiring a service: the store's collector and the middleware's observer
@@ -25,7 +25,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := idem.Open(dir, nil)
+	db, err := pebblestore.Open(dir, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

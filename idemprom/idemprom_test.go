@@ -14,11 +14,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemprom"
 	"github.com/idemkv/idem/internal/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
+	"github.com/idemkv/idem/pebblestore"
 	"github.com/idemkv/idem/pgstore"
 )
 
@@ -157,7 +157,7 @@ func TestCollector(t *testing.T) {
 	assert.NotContains(t, mfs, "idem_store_metrics", "the error descriptor only appears on failure")
 }
 
-// TestCollectorOnPostgres: the collector takes any contract.Operator. On
+// TestCollectorOnPostgres: the collector takes any idem.Operator. On
 // pgstore it exports the contract's series, counted the same way, beside
 // pgstore's own figures.
 func TestCollectorOnPostgres(t *testing.T) {
@@ -200,7 +200,7 @@ func TestCollectorOnPostgres(t *testing.T) {
 }
 
 func TestCollectorExpiry(t *testing.T) {
-	db, clock := idemtest.Open(t, &idem.Options{TTL: time.Hour})
+	db, clock := idemtest.Open(t, &pebblestore.Options{TTL: time.Hour})
 	reg := prometheus.NewRegistry()
 	c, err := idemprom.NewCollector(db)
 	require.NoError(t, err)
@@ -246,9 +246,9 @@ func TestObserver(t *testing.T) {
 		{Endpoint: pay, Outcome: idemhttp.OutcomeExecuted, Status: 400, Duration: 2 * time.Millisecond},
 		{Endpoint: pay, Outcome: idemhttp.OutcomeReplayed, Status: 201, Duration: time.Millisecond / 2},
 		{Endpoint: pay, Outcome: idemhttp.OutcomeReplayed, Status: 201, Duration: time.Millisecond / 2},
-		{Endpoint: pay, Outcome: contract.CodeInProgress, Status: 409},
-		{Endpoint: pay, Outcome: contract.CodeKeyReuse, Status: 422},
-		{Endpoint: "POST /v1/refunds", Outcome: contract.CodeKeyMissing, Status: 400},
+		{Endpoint: pay, Outcome: idem.CodeInProgress, Status: 409},
+		{Endpoint: pay, Outcome: idem.CodeKeyReuse, Status: 422},
+		{Endpoint: "POST /v1/refunds", Outcome: idem.CodeKeyMissing, Status: 400},
 	} {
 		obs.Observe(o)
 	}

@@ -6,7 +6,7 @@ import (
 )
 
 // Clock is a fake clock whose Now method plugs into a store's Now option
-// (idem.Options.Now, MemOptions.Now): time moves only when the test calls
+// (pebblestore.Options.Now, MemOptions.Now): time moves only when the test calls
 // Advance, so leases and expiry can be crossed without sleeping. The zero
 // value is not usable; use NewClock. A Clock is safe for concurrent use.
 type Clock struct {

@@ -3,7 +3,7 @@ package idemtest
 import (
 	"context"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // Forgetful wraps s so that every outcome its leases record is lost, as
@@ -11,11 +11,11 @@ import (
 // each record it claims stays in progress until its lease runs out. Tests
 // of reconciliation and of the answers to overdue claims use it instead of
 // killing a process.
-func Forgetful(s contract.Store) contract.Store { return forgetfulStore{s} }
+func Forgetful(s idem.Store) idem.Store { return forgetfulStore{s} }
 
-type forgetfulStore struct{ contract.Store }
+type forgetfulStore struct{ idem.Store }
 
-func (s forgetfulStore) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+func (s forgetfulStore) Claim(ctx context.Context, sc idem.Scope, fp idem.Fingerprint) (idem.Lease, *idem.Record, error) {
 	l, rec, err := s.Store.Claim(ctx, sc, fp)
 	if l != nil {
 		l = forgottenLease{l}
@@ -23,9 +23,9 @@ func (s forgetfulStore) Claim(ctx context.Context, sc contract.Scope, fp contrac
 	return l, rec, err
 }
 
-type forgottenLease struct{ contract.Lease }
+type forgottenLease struct{ idem.Lease }
 
-func (forgottenLease) Complete(context.Context, contract.Response) error { return nil }
-func (forgottenLease) Release(context.Context) error                     { return nil }
-func (forgottenLease) MarkUnknown(context.Context) error                 { return nil }
-func (forgottenLease) MarkFailed(context.Context) error                  { return nil }
+func (forgottenLease) Complete(context.Context, idem.Response) error { return nil }
+func (forgottenLease) Release(context.Context) error                 { return nil }
+func (forgottenLease) MarkUnknown(context.Context) error             { return nil }
+func (forgottenLease) MarkFailed(context.Context) error              { return nil }

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemtest"
 )
 
@@ -19,18 +19,18 @@ func ExampleMemStore() {
 	defer store.Close()
 
 	ctx := context.Background()
-	s := contract.Scope{Tenant: "acct_42", Endpoint: "POST /v1/payments", Key: "key-1"}
+	s := idem.Scope{Tenant: "acct_42", Endpoint: "POST /v1/payments", Key: "key-1"}
 	charge := func(body string) {
 		lease, replay, err := store.Claim(ctx, s, sha256.Sum256([]byte(body)))
 		switch {
-		case errors.Is(err, contract.ErrFingerprintMismatch):
+		case errors.Is(err, idem.ErrFingerprintMismatch):
 			fmt.Println("refused: the key belongs to another request")
 		case err != nil:
 			log.Fatal(err)
 		case replay != nil:
 			fmt.Printf("replayed %d %s\n", replay.Response.Status, replay.Response.Body)
 		default:
-			resp := contract.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}
+			resp := idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}
 			if err := lease.Complete(ctx, resp); err != nil {
 				log.Fatal(err)
 			}

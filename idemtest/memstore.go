@@ -14,10 +14,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
-// MemOptions configure a MemStore. They mirror the options of idem.Open
+// MemOptions configure a MemStore. They mirror the options of pebblestore.Open
 // that mean something without a disk. The zero value of each field selects
 // its default; a nil *MemOptions selects every default.
 type MemOptions struct {
@@ -38,16 +38,16 @@ type MemOptions struct {
 
 	// MaxBodyBytes is the largest response body kept. A larger one is
 	// dropped: the record keeps its length and digest and says
-	// BodyOmitted. Default: 4 MiB, as idem.Open.
+	// BodyOmitted. Default: 4 MiB, as pebblestore.Open.
 	MaxBodyBytes int64
 
 	// Reconcile is handed each overdue record, under a fresh lease, by
-	// MemStore.Reconcile; see idem.Options.Reconcile. Default: none.
-	Reconcile func(ctx context.Context, l contract.Lease) error
+	// MemStore.Reconcile; see pebblestore.Options.Reconcile. Default: none.
+	Reconcile func(ctx context.Context, l idem.Lease) error
 }
 
-// MemStore is an in-memory contract.Operator with the semantics of the
-// embedded store (*idem.DB): the same refusals, lease rules, expiry and
+// MemStore is an in-memory idem.Operator with the semantics of the
+// embedded store (*pebblestore.Store): the same refusals, lease rules, expiry and
 // counters, without Pebble or a filesystem. It is for tests of code built
 // on the contract, such as HTTP handlers, and passes TestStore. Nothing
 // survives the process, and every record is held in memory in full.
@@ -60,10 +60,10 @@ type MemStore struct {
 	// mu guards everything below, and the record each lease last wrote.
 	mu      sync.Mutex
 	closed  bool
-	recs    map[contract.Scope]*memRecord
-	waiters map[contract.Scope][]chan struct{}
-	tokens  uint64           // the last lease token handed out
-	stats   contract.Metrics // the event counts since NewMemStore
+	recs    map[idem.Scope]*memRecord
+	waiters map[idem.Scope][]chan struct{}
+	tokens  uint64       // the last lease token handed out
+	stats   idem.Metrics // the event counts since NewMemStore
 }
 
 // memRecord is one stored record and the token of the lease that may
@@ -71,14 +71,14 @@ type MemStore struct {
 // record was taken over, released and claimed again, or replaced after it
 // expired, no longer matches.
 type memRecord struct {
-	rec   contract.Record
+	rec   idem.Record
 	token uint64
 }
 
-var _ contract.Operator = (*MemStore)(nil)
+var _ idem.Operator = (*MemStore)(nil)
 
 // NewMemStore returns an empty store. It panics, with an error matching
-// contract.ErrInvalidOptions, when a duration or MaxBodyBytes is
+// idem.ErrInvalidOptions, when a duration or MaxBodyBytes is
 // negative or an EndpointTTL is not positive.
 func NewMemStore(opts *MemOptions) *MemStore {
 	var o MemOptions
@@ -88,7 +88,7 @@ func NewMemStore(opts *MemOptions) *MemStore {
 	o.EndpointTTL = maps.Clone(o.EndpointTTL)
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{contract.ErrInvalidOptions}, args...)...))
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{idem.ErrInvalidOptions}, args...)...))
 	}
 	if o.Lease < 0 {
 		bad("Lease %s is negative", o.Lease)
@@ -119,7 +119,7 @@ func NewMemStore(opts *MemOptions) *MemStore {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = 4 << 20
 	}
-	return &MemStore{opts: o, recs: map[contract.Scope]*memRecord{}, waiters: map[contract.Scope][]chan struct{}{}}
+	return &MemStore{opts: o, recs: map[idem.Scope]*memRecord{}, waiters: map[idem.Scope][]chan struct{}{}}
 }
 
 // now reads the clock without its monotonic reading, so that times stored
@@ -136,13 +136,13 @@ func (m *MemStore) ttlFor(endpoint string) time.Duration {
 // enterLocked reports ErrClosed once Close has run.
 func (m *MemStore) enterLocked() error {
 	if m.closed {
-		return contract.ErrClosed
+		return idem.ErrClosed
 	}
 	return nil
 }
 
 // liveLocked returns the unexpired record of s, or nil.
-func (m *MemStore) liveLocked(s contract.Scope, now time.Time) *memRecord {
+func (m *MemStore) liveLocked(s idem.Scope, now time.Time) *memRecord {
 	r := m.recs[s]
 	if r == nil || !now.Before(r.rec.ExpiresAt) {
 		return nil
@@ -150,8 +150,8 @@ func (m *MemStore) liveLocked(s contract.Scope, now time.Time) *memRecord {
 	return r
 }
 
-// Claim tries to take the key in s, as contract.Store.Claim says.
-func (m *MemStore) Claim(ctx context.Context, s contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+// Claim tries to take the key in s, as idem.Store.Claim says.
+func (m *MemStore) Claim(ctx context.Context, s idem.Scope, fp idem.Fingerprint) (idem.Lease, *idem.Record, error) {
 	if err := s.Validate(); err != nil {
 		return nil, nil, err
 	}
@@ -169,10 +169,10 @@ func (m *MemStore) Claim(ctx context.Context, s contract.Scope, fp contract.Fing
 		return nil, rec, err
 	}
 	m.tokens++
-	r := &memRecord{token: m.tokens, rec: contract.Record{
+	r := &memRecord{token: m.tokens, rec: idem.Record{
 		Scope:       s,
 		Fingerprint: fp,
-		State:       contract.StateInProgress,
+		State:       idem.StateInProgress,
 		CreatedAt:   now,
 		UpdatedAt:   now,
 		ExpiresAt:   now.Add(m.ttlFor(s.Endpoint)),
@@ -180,36 +180,36 @@ func (m *MemStore) Claim(ctx context.Context, s contract.Scope, fp contract.Fing
 		Attempts:    1,
 	}}
 	m.recs[s] = r
-	m.stats.Events[contract.EventClaimed]++
+	m.stats.Events[idem.EventClaimed]++
 	return &memLease{m: m, scope: s, token: r.token, rec: r.rec}, nil, nil
 }
 
 // answerLocked decides what a claim of the live record r gets. The
 // fingerprint is compared first: a key reused for another request is
 // refused for good, whatever state the first request is in.
-func (m *MemStore) answerLocked(r *memRecord, fp contract.Fingerprint, now time.Time) (*contract.Record, error) {
+func (m *MemStore) answerLocked(r *memRecord, fp idem.Fingerprint, now time.Time) (*idem.Record, error) {
 	refuse := func(err error, retry time.Duration) error {
-		return &contract.KeyError{Err: err, State: r.rec.State, RetryAfter: retry, Tenant: r.rec.Scope.Tenant, Endpoint: r.rec.Scope.Endpoint}
+		return &idem.KeyError{Err: err, State: r.rec.State, RetryAfter: retry, Tenant: r.rec.Scope.Tenant, Endpoint: r.rec.Scope.Endpoint}
 	}
 	switch {
 	case r.rec.Fingerprint != fp:
-		m.stats.Events[contract.EventMismatch]++
-		return nil, refuse(contract.ErrFingerprintMismatch, 0)
-	case r.rec.State == contract.StateCompleted:
-		m.stats.Events[contract.EventReplayed]++
+		m.stats.Events[idem.EventMismatch]++
+		return nil, refuse(idem.ErrFingerprintMismatch, 0)
+	case r.rec.State == idem.StateCompleted:
+		m.stats.Events[idem.EventReplayed]++
 		rec := cloneRecord(r.rec)
 		return &rec, nil
-	case r.rec.State == contract.StateInProgress && now.Before(r.rec.LeaseUntil):
-		m.stats.Events[contract.EventConflict]++
-		return nil, refuse(contract.ErrInProgress, min(time.Second, r.rec.LeaseUntil.Sub(now)))
+	case r.rec.State == idem.StateInProgress && now.Before(r.rec.LeaseUntil):
+		m.stats.Events[idem.EventConflict]++
+		return nil, refuse(idem.ErrInProgress, min(time.Second, r.rec.LeaseUntil.Sub(now)))
 	default:
-		m.stats.Events[contract.EventPending]++
-		return nil, refuse(contract.ErrOutcomePending, 0)
+		m.stats.Events[idem.EventPending]++
+		return nil, refuse(idem.ErrOutcomePending, 0)
 	}
 }
 
-// Get returns the live record for s, as contract.Store.Get says.
-func (m *MemStore) Get(ctx context.Context, s contract.Scope) (*contract.Record, error) {
+// Get returns the live record for s, as idem.Store.Get says.
+func (m *MemStore) Get(ctx context.Context, s idem.Scope) (*idem.Record, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -223,17 +223,17 @@ func (m *MemStore) Get(ctx context.Context, s contract.Scope) (*contract.Record,
 	}
 	r := m.liveLocked(s, m.now())
 	if r == nil {
-		return nil, contract.ErrNotFound
+		return nil, idem.ErrNotFound
 	}
 	rec := cloneRecord(r.rec)
 	return &rec, nil
 }
 
 // Wait blocks while s is in progress under a live lease, as
-// contract.Store.Wait says. Every end of a lease, a take-over and Close
+// idem.Store.Wait says. Every end of a lease, a take-over and Close
 // wake it; a lease that merely runs out does not, since the store keeps
 // no timers.
-func (m *MemStore) Wait(ctx context.Context, s contract.Scope) error {
+func (m *MemStore) Wait(ctx context.Context, s idem.Scope) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
@@ -244,7 +244,7 @@ func (m *MemStore) Wait(ctx context.Context, s contract.Scope) error {
 	}
 	now := m.now()
 	r := m.liveLocked(s, now)
-	if r == nil || r.rec.State != contract.StateInProgress || !now.Before(r.rec.LeaseUntil) {
+	if r == nil || r.rec.State != idem.StateInProgress || !now.Before(r.rec.LeaseUntil) {
 		m.mu.Unlock()
 		return nil
 	}
@@ -268,7 +268,7 @@ func (m *MemStore) Wait(ctx context.Context, s contract.Scope) error {
 }
 
 // wakeLocked wakes everyone waiting on s.
-func (m *MemStore) wakeLocked(s contract.Scope) {
+func (m *MemStore) wakeLocked(s idem.Scope) {
 	for _, ch := range m.waiters[s] {
 		close(ch)
 	}
@@ -299,11 +299,11 @@ func (m *MemStore) Close() error {
 	return nil
 }
 
-// Records returns the records f selects, as contract.Operator.Records
+// Records returns the records f selects, as idem.Operator.Records
 // says, ordered by tenant, endpoint and key, with their bodies. It reads
 // a snapshot taken when the loop starts, so the loop may call the store.
-func (m *MemStore) Records(ctx context.Context, f contract.Filter) iter.Seq2[*contract.Record, error] {
-	return func(yield func(*contract.Record, error) bool) {
+func (m *MemStore) Records(ctx context.Context, f idem.Filter) iter.Seq2[*idem.Record, error] {
+	return func(yield func(*idem.Record, error) bool) {
 		m.mu.Lock()
 		if err := m.enterLocked(); err != nil {
 			m.mu.Unlock()
@@ -311,7 +311,7 @@ func (m *MemStore) Records(ctx context.Context, f contract.Filter) iter.Seq2[*co
 			return
 		}
 		now := m.now()
-		var recs []*contract.Record
+		var recs []*idem.Record
 		for _, r := range m.recs {
 			if f.Match(&r.rec, now) {
 				rec := cloneRecord(r.rec)
@@ -319,7 +319,7 @@ func (m *MemStore) Records(ctx context.Context, f contract.Filter) iter.Seq2[*co
 			}
 		}
 		m.mu.Unlock()
-		slices.SortFunc(recs, func(a, b *contract.Record) int { return compareScopes(a.Scope, b.Scope) })
+		slices.SortFunc(recs, func(a, b *idem.Record) int { return compareScopes(a.Scope, b.Scope) })
 		for _, rec := range recs {
 			if err := ctx.Err(); err != nil {
 				yield(nil, err)
@@ -332,13 +332,13 @@ func (m *MemStore) Records(ctx context.Context, f contract.Filter) iter.Seq2[*co
 	}
 }
 
-func compareScopes(a, b contract.Scope) int {
+func compareScopes(a, b idem.Scope) int {
 	return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Endpoint, b.Endpoint), cmp.Compare(a.Key, b.Key))
 }
 
 // Overdue returns up to limit in-progress records whose lease has run out
 // (limit <= 0: all), oldest lease first.
-func (m *MemStore) Overdue(ctx context.Context, limit int) ([]*contract.Record, error) {
+func (m *MemStore) Overdue(ctx context.Context, limit int) ([]*idem.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -348,14 +348,14 @@ func (m *MemStore) Overdue(ctx context.Context, limit int) ([]*contract.Record, 
 		return nil, err
 	}
 	now := m.now()
-	var out []*contract.Record
+	var out []*idem.Record
 	for _, r := range m.recs {
-		if now.Before(r.rec.ExpiresAt) && r.rec.State == contract.StateInProgress && !now.Before(r.rec.LeaseUntil) {
+		if now.Before(r.rec.ExpiresAt) && r.rec.State == idem.StateInProgress && !now.Before(r.rec.LeaseUntil) {
 			rec := cloneRecord(r.rec)
 			out = append(out, &rec)
 		}
 	}
-	slices.SortFunc(out, func(a, b *contract.Record) int {
+	slices.SortFunc(out, func(a, b *idem.Record) int {
 		return cmp.Or(a.LeaseUntil.Compare(b.LeaseUntil), compareScopes(a.Scope, b.Scope))
 	})
 	if limit > 0 && len(out) > limit {
@@ -369,8 +369,8 @@ func (m *MemStore) Overdue(ctx context.Context, limit int) ([]*contract.Record, 
 var errNotOverdue = errors.New("idemtest: record is not overdue")
 
 // TakeOver gives the caller a new lease on a stuck record, as
-// contract.Operator.TakeOver says.
-func (m *MemStore) TakeOver(ctx context.Context, s contract.Scope) (contract.Lease, error) {
+// idem.Operator.TakeOver says.
+func (m *MemStore) TakeOver(ctx context.Context, s idem.Scope) (idem.Lease, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
@@ -387,7 +387,7 @@ func (m *MemStore) TakeOver(ctx context.Context, s contract.Scope) (contract.Lea
 // takeOver grants a new lease on the record of s: when overdueOnly, only
 // to an in-progress record past its lease (what the reconciler gets);
 // otherwise to any record that is neither completed nor held.
-func (m *MemStore) takeOver(s contract.Scope, overdueOnly bool) (*memLease, error) {
+func (m *MemStore) takeOver(s idem.Scope, overdueOnly bool) (*memLease, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enterLocked(); err != nil {
@@ -396,24 +396,24 @@ func (m *MemStore) takeOver(s contract.Scope, overdueOnly bool) (*memLease, erro
 	now := m.now()
 	r := m.liveLocked(s, now)
 	if r == nil {
-		return nil, contract.ErrNotFound
+		return nil, idem.ErrNotFound
 	}
-	held := r.rec.State == contract.StateInProgress && now.Before(r.rec.LeaseUntil)
+	held := r.rec.State == idem.StateInProgress && now.Before(r.rec.LeaseUntil)
 	switch {
-	case overdueOnly && (r.rec.State != contract.StateInProgress || held):
+	case overdueOnly && (r.rec.State != idem.StateInProgress || held):
 		return nil, errNotOverdue
-	case r.rec.State == contract.StateCompleted:
-		return nil, fmt.Errorf("%w (tenant %q, endpoint %q)", contract.ErrCompleted, s.Tenant, s.Endpoint)
+	case r.rec.State == idem.StateCompleted:
+		return nil, fmt.Errorf("%w (tenant %q, endpoint %q)", idem.ErrCompleted, s.Tenant, s.Endpoint)
 	case held:
-		return nil, &contract.KeyError{Err: contract.ErrInProgress, State: r.rec.State, RetryAfter: r.rec.LeaseUntil.Sub(now), Tenant: s.Tenant, Endpoint: s.Endpoint}
+		return nil, &idem.KeyError{Err: idem.ErrInProgress, State: r.rec.State, RetryAfter: r.rec.LeaseUntil.Sub(now), Tenant: s.Tenant, Endpoint: s.Endpoint}
 	}
 	m.tokens++
 	r.token = m.tokens
-	r.rec.State = contract.StateInProgress
+	r.rec.State = idem.StateInProgress
 	r.rec.UpdatedAt = now
 	r.rec.LeaseUntil = now.Add(m.opts.Lease)
 	r.rec.Attempts++
-	m.stats.Events[contract.EventTakenOver]++
+	m.stats.Events[idem.EventTakenOver]++
 	m.wakeLocked(s)
 	return &memLease{m: m, scope: s, token: r.token, rec: cloneRecord(r.rec)}, nil
 }
@@ -422,8 +422,8 @@ func (m *MemStore) takeOver(s contract.Scope, overdueOnly bool) (*memLease, erro
 // a fresh lease, as idem's DB.Reconcile does. A reconciler's error leaves
 // its record for the next pass; without a reconciler the records are only
 // counted.
-func (m *MemStore) Reconcile(ctx context.Context) (contract.ReconcileResult, error) {
-	var res contract.ReconcileResult
+func (m *MemStore) Reconcile(ctx context.Context) (idem.ReconcileResult, error) {
+	var res idem.ReconcileResult
 	overdue, err := m.Overdue(ctx, 0)
 	if err != nil {
 		return res, err
@@ -434,7 +434,7 @@ func (m *MemStore) Reconcile(ctx context.Context) (contract.ReconcileResult, err
 	}
 	for _, rec := range overdue {
 		l, err := m.takeOver(rec.Scope, true)
-		if errors.Is(err, errNotOverdue) || errors.Is(err, contract.ErrNotFound) {
+		if errors.Is(err, errNotOverdue) || errors.Is(err, idem.ErrNotFound) {
 			continue // resolved or expired since Overdue listed it
 		}
 		if err != nil {
@@ -443,10 +443,10 @@ func (m *MemStore) Reconcile(ctx context.Context) (contract.ReconcileResult, err
 		if err := m.opts.Reconcile(ctx, l); err != nil {
 			continue
 		}
-		if l.Record().State != contract.StateInProgress {
+		if l.Record().State != idem.StateInProgress {
 			res.Resolved++
 			m.mu.Lock()
-			m.stats.Events[contract.EventReconciled]++
+			m.stats.Events[idem.EventReconciled]++
 			m.mu.Unlock()
 		}
 	}
@@ -455,20 +455,20 @@ func (m *MemStore) Reconcile(ctx context.Context) (contract.ReconcileResult, err
 
 // Sweep deletes every record that has expired by now. Its Bytes are the
 // bytes of the deleted records' scopes, headers and bodies.
-func (m *MemStore) Sweep(ctx context.Context) (contract.SweepResult, error) {
+func (m *MemStore) Sweep(ctx context.Context) (idem.SweepResult, error) {
 	if err := ctx.Err(); err != nil {
-		return contract.SweepResult{}, err
+		return idem.SweepResult{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enterLocked(); err != nil {
-		return contract.SweepResult{}, err
+		return idem.SweepResult{}, err
 	}
 	return m.sweepLocked(m.now()), nil
 }
 
-func (m *MemStore) sweepLocked(now time.Time) contract.SweepResult {
-	var res contract.SweepResult
+func (m *MemStore) sweepLocked(now time.Time) idem.SweepResult {
+	var res idem.SweepResult
 	for s, r := range m.recs {
 		if now.Before(r.rec.ExpiresAt) {
 			continue
@@ -477,13 +477,13 @@ func (m *MemStore) sweepLocked(now time.Time) contract.SweepResult {
 		res.Records++
 		res.Bytes += recordBytes(&r.rec)
 	}
-	m.stats.Events[contract.EventSwept] += int64(res.Records)
+	m.stats.Events[idem.EventSwept] += int64(res.Records)
 	m.stats.BytesReclaimed += res.Bytes
 	return res
 }
 
 // recordBytes is what a record holds beyond its fixed fields.
-func recordBytes(rec *contract.Record) int64 {
+func recordBytes(rec *idem.Record) int64 {
 	n := len(rec.Scope.Tenant) + len(rec.Scope.Endpoint) + len(rec.Scope.Key) + len(rec.Response.Body)
 	for k, vs := range rec.Response.Header {
 		n += len(k)
@@ -496,14 +496,14 @@ func recordBytes(rec *contract.Record) int64 {
 
 // Compact is Sweep: memory has no space to give back. progress, when not
 // nil, hears of the sweep phase only, before and after it.
-func (m *MemStore) Compact(ctx context.Context, progress func(contract.CompactProgress)) (contract.SweepResult, error) {
+func (m *MemStore) Compact(ctx context.Context, progress func(idem.CompactProgress)) (idem.SweepResult, error) {
 	if err := ctx.Err(); err != nil {
-		return contract.SweepResult{}, err
+		return idem.SweepResult{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enterLocked(); err != nil {
-		return contract.SweepResult{}, err
+		return idem.SweepResult{}, err
 	}
 	now := m.now()
 	var total int64
@@ -513,40 +513,40 @@ func (m *MemStore) Compact(ctx context.Context, progress func(contract.CompactPr
 		}
 	}
 	if progress != nil {
-		progress(contract.CompactProgress{Phase: "sweep", Total: total})
+		progress(idem.CompactProgress{Phase: "sweep", Total: total})
 	}
 	res := m.sweepLocked(now)
 	if progress != nil {
-		progress(contract.CompactProgress{Phase: "sweep", Done: int64(res.Records), Total: total})
+		progress(idem.CompactProgress{Phase: "sweep", Done: int64(res.Records), Total: total})
 	}
 	return res, nil
 }
 
 // Metrics returns the event counts since NewMemStore and the stored
 // records that are not completed, expired ones included until a sweep
-// deletes them, as *idem.DB counts them. Engine is empty.
-func (m *MemStore) Metrics(ctx context.Context) (contract.Metrics, error) {
+// deletes them, as *pebblestore.Store counts them. Engine is empty.
+func (m *MemStore) Metrics(ctx context.Context) (idem.Metrics, error) {
 	if err := ctx.Err(); err != nil {
-		return contract.Metrics{}, err
+		return idem.Metrics{}, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enterLocked(); err != nil {
-		return contract.Metrics{}, err
+		return idem.Metrics{}, err
 	}
 	now := m.now()
 	out := m.stats
 	for _, r := range m.recs {
 		switch r.rec.State {
-		case contract.StateInProgress:
+		case idem.StateInProgress:
 			out.InProgress++
 			if !now.Before(r.rec.LeaseUntil) {
 				out.Overdue++
 			}
 			out.OldestInProgress = max(out.OldestInProgress, now.Sub(r.rec.CreatedAt))
-		case contract.StateUnknown:
+		case idem.StateUnknown:
 			out.UnknownRecords++
-		case contract.StateFailed:
+		case idem.StateFailed:
 			out.FailedRecords++
 		}
 		if !now.Before(r.rec.ExpiresAt) {
@@ -560,14 +560,14 @@ func (m *MemStore) Metrics(ctx context.Context) (contract.Metrics, error) {
 // also guards rec.
 type memLease struct {
 	m     *MemStore
-	scope contract.Scope
+	scope idem.Scope
 	token uint64
-	rec   contract.Record // the record as this lease last wrote it
+	rec   idem.Record // the record as this lease last wrote it
 }
 
-func (l *memLease) Scope() contract.Scope { return l.scope }
+func (l *memLease) Scope() idem.Scope { return l.scope }
 
-func (l *memLease) Record() contract.Record {
+func (l *memLease) Record() idem.Record {
 	l.m.mu.Lock()
 	defer l.m.mu.Unlock()
 	return cloneRecord(l.rec)
@@ -575,42 +575,42 @@ func (l *memLease) Record() contract.Record {
 
 // Complete keeps bodies up to MemOptions.MaxBodyBytes and omits larger
 // ones.
-func (l *memLease) Complete(ctx context.Context, resp contract.Response) error {
+func (l *memLease) Complete(ctx context.Context, resp idem.Response) error {
 	if resp.Status < 100 || resp.Status > 999 {
-		return fmt.Errorf("%w: status %d is outside 100-999", contract.ErrInvalidResponse, resp.Status)
+		return fmt.Errorf("%w: status %d is outside 100-999", idem.ErrInvalidResponse, resp.Status)
 	}
-	return l.update(ctx, func(rec *contract.Record, now time.Time) {
-		rec.State = contract.StateCompleted
+	return l.update(ctx, func(rec *idem.Record, now time.Time) {
+		rec.State = idem.StateCompleted
 		rec.LeaseUntil = now
-		rec.Response = contract.Response{Status: resp.Status, Header: cloneHeader(resp.Header)}
+		rec.Response = idem.Response{Status: resp.Status, Header: cloneHeader(resp.Header)}
 		rec.BodyLen, rec.BodyDigest = int64(len(resp.Body)), sha256.Sum256(resp.Body)
 		if rec.BodyLen <= l.m.opts.MaxBodyBytes {
 			rec.Response.Body = bytes.Clone(resp.Body)
 		} else {
 			rec.BodyOmitted = true
 		}
-		l.m.stats.Events[contract.EventCompleted]++
+		l.m.stats.Events[idem.EventCompleted]++
 	})
 }
 
 func (l *memLease) Release(ctx context.Context) error { return l.update(ctx, nil) }
 
 func (l *memLease) MarkUnknown(ctx context.Context) error {
-	return l.update(ctx, func(rec *contract.Record, now time.Time) {
-		rec.State, rec.LeaseUntil = contract.StateUnknown, now
-		l.m.stats.Events[contract.EventUnknown]++
+	return l.update(ctx, func(rec *idem.Record, now time.Time) {
+		rec.State, rec.LeaseUntil = idem.StateUnknown, now
+		l.m.stats.Events[idem.EventUnknown]++
 	})
 }
 
 func (l *memLease) MarkFailed(ctx context.Context) error {
-	return l.update(ctx, func(rec *contract.Record, now time.Time) {
-		rec.State, rec.LeaseUntil = contract.StateFailed, now
-		l.m.stats.Events[contract.EventFailed]++
+	return l.update(ctx, func(rec *idem.Record, now time.Time) {
+		rec.State, rec.LeaseUntil = idem.StateFailed, now
+		l.m.stats.Events[idem.EventFailed]++
 	})
 }
 
 func (l *memLease) Extend(ctx context.Context) error {
-	return l.update(ctx, func(rec *contract.Record, now time.Time) {
+	return l.update(ctx, func(rec *idem.Record, now time.Time) {
 		rec.LeaseUntil = now.Add(l.m.opts.Lease)
 	})
 }
@@ -619,7 +619,7 @@ func (l *memLease) Extend(ctx context.Context) error {
 // to it, or deletes it when change is nil. The record is this lease's while
 // it is in progress, unexpired and under the lease's token: every other
 // writer changes the token or the state.
-func (l *memLease) update(ctx context.Context, change func(rec *contract.Record, now time.Time)) error {
+func (l *memLease) update(ctx context.Context, change func(rec *idem.Record, now time.Time)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -631,19 +631,19 @@ func (l *memLease) update(ctx context.Context, change func(rec *contract.Record,
 	}
 	now := m.now()
 	r := m.liveLocked(l.scope, now)
-	if r == nil || r.token != l.token || r.rec.State != contract.StateInProgress {
-		return contract.ErrLeaseLost
+	if r == nil || r.token != l.token || r.rec.State != idem.StateInProgress {
+		return idem.ErrLeaseLost
 	}
 	if change == nil {
 		delete(m.recs, l.scope)
-		m.stats.Events[contract.EventReleased]++
+		m.stats.Events[idem.EventReleased]++
 		m.wakeLocked(l.scope)
 		l.rec.State = 0
 		return nil
 	}
 	change(&r.rec, now)
 	r.rec.UpdatedAt = now
-	if r.rec.State != contract.StateInProgress {
+	if r.rec.State != idem.StateInProgress {
 		m.wakeLocked(l.scope)
 	}
 	l.rec = cloneRecord(r.rec)
@@ -651,7 +651,7 @@ func (l *memLease) update(ctx context.Context, change func(rec *contract.Record,
 }
 
 // cloneRecord copies rec with its own header and body.
-func cloneRecord(rec contract.Record) contract.Record {
+func cloneRecord(rec idem.Record) idem.Record {
 	rec.Response.Header = cloneHeader(rec.Response.Header)
 	rec.Response.Body = bytes.Clone(rec.Response.Body)
 	return rec

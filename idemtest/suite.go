@@ -15,10 +15,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
-// TestStore is the conformance suite of contract.Store: a backend passes it
+// TestStore is the conformance suite of idem.Store: a backend passes it
 // to show that it keeps the contract. Each property is a subtest, so a
 // failure names what broke, and each subtest opens a store of its own.
 //
@@ -32,10 +32,10 @@ import (
 //     them from a claim's record (LeaseUntil-CreatedAt and
 //     ExpiresAt-CreatedAt), and assumes the TTL is at least two leases;
 //   - bodies up to 1 MiB are kept and bodies over 4 MiB are omitted
-//     (BodyOmitted, with BodyLen and BodyDigest), as idem.Open's defaults
+//     (BodyOmitted, with BodyLen and BodyDigest), as pebblestore.Open's defaults
 //     do: up to 64 KiB inside the record, up to 4 MiB beside it.
 //
-// When the store is also a contract.Operator, the suite checks the
+// When the store is also a idem.Operator, the suite checks the
 // operator's calls too (take-over, overdue listings, reconciliation,
 // listings, sweeps, metrics); otherwise it leaves them out.
 //
@@ -43,9 +43,9 @@ import (
 // Wait blocks, it looks for a premature return for a few milliseconds,
 // and bounds every wait for a wake-up by a generous timeout that only a
 // broken store reaches.
-func TestStore(t *testing.T, open func(t *testing.T, now func() time.Time) contract.Store) {
+func TestStore(t *testing.T, open func(t *testing.T, now func() time.Time) idem.Store) {
 	// One store, opened up front, tells whether the backend is an Operator.
-	_, isOp := open(t, NewClock().Now).(contract.Operator)
+	_, isOp := open(t, NewClock().Now).(idem.Operator)
 	su := &suite{open: open, operator: isOp}
 	t.Run("claim", su.testClaim)
 	t.Run("lease", su.testLease)
@@ -71,7 +71,7 @@ const (
 )
 
 type suite struct {
-	open     func(t *testing.T, now func() time.Time) contract.Store
+	open     func(t *testing.T, now func() time.Time) idem.Store
 	operator bool
 }
 
@@ -79,8 +79,8 @@ type suite struct {
 type env struct {
 	t     *testing.T
 	clock *Clock
-	store contract.Store
-	op    contract.Operator // the store, or nil if it is not an Operator
+	store idem.Store
+	op    idem.Operator // the store, or nil if it is not an Operator
 }
 
 func (su *suite) env(t *testing.T) *env {
@@ -88,12 +88,12 @@ func (su *suite) env(t *testing.T) *env {
 	clock := NewClock()
 	store := su.open(t, clock.Now)
 	require.NotNil(t, store)
-	op, _ := store.(contract.Operator)
+	op, _ := store.(idem.Operator)
 	return &env{t: t, clock: clock, store: store, op: op}
 }
 
 // claim claims s with fp and requires the claim to win.
-func (e *env) claim(s contract.Scope, fp contract.Fingerprint) contract.Lease {
+func (e *env) claim(s idem.Scope, fp idem.Fingerprint) idem.Lease {
 	e.t.Helper()
 	l, rec, err := e.store.Claim(e.t.Context(), s, fp)
 	require.NoError(e.t, err, "claim of %q", s.Key)
@@ -103,7 +103,7 @@ func (e *env) claim(s contract.Scope, fp contract.Fingerprint) contract.Lease {
 }
 
 // complete claims s with fp and completes it with resp.
-func (e *env) complete(s contract.Scope, fp contract.Fingerprint, resp contract.Response) contract.Lease {
+func (e *env) complete(s idem.Scope, fp idem.Fingerprint, resp idem.Response) idem.Lease {
 	e.t.Helper()
 	l := e.claim(s, fp)
 	require.NoError(e.t, l.Complete(e.t.Context(), resp))
@@ -111,7 +111,7 @@ func (e *env) complete(s contract.Scope, fp contract.Fingerprint, resp contract.
 }
 
 // get requires a live record for s.
-func (e *env) get(s contract.Scope) *contract.Record {
+func (e *env) get(s idem.Scope) *idem.Record {
 	e.t.Helper()
 	rec, err := e.store.Get(e.t.Context(), s)
 	require.NoError(e.t, err, "get %q", s.Key)
@@ -120,14 +120,14 @@ func (e *env) get(s contract.Scope) *contract.Record {
 }
 
 // absent requires that s has no live record.
-func (e *env) absent(s contract.Scope) {
+func (e *env) absent(s idem.Scope) {
 	e.t.Helper()
 	_, err := e.store.Get(e.t.Context(), s)
-	require.ErrorIs(e.t, err, contract.ErrNotFound, "get %q", s.Key)
+	require.ErrorIs(e.t, err, idem.ErrNotFound, "get %q", s.Key)
 }
 
 // replay claims s with fp and requires the stored record back.
-func (e *env) replay(s contract.Scope, fp contract.Fingerprint) *contract.Record {
+func (e *env) replay(s idem.Scope, fp idem.Fingerprint) *idem.Record {
 	e.t.Helper()
 	l, rec, err := e.store.Claim(e.t.Context(), s, fp)
 	require.NoError(e.t, err, "replay of %q", s.Key)
@@ -138,7 +138,7 @@ func (e *env) replay(s contract.Scope, fp contract.Fingerprint) *contract.Record
 
 // unchanged runs fn and asserts that the record of s reads the same after
 // it as before.
-func (e *env) unchanged(s contract.Scope, what string, fn func()) {
+func (e *env) unchanged(s idem.Scope, what string, fn func()) {
 	e.t.Helper()
 	before, beforeErr := e.store.Get(e.t.Context(), s)
 	fn()
@@ -148,29 +148,29 @@ func (e *env) unchanged(s contract.Scope, what string, fn func()) {
 }
 
 // leaseOf and ttlOf read the store's lease and TTL off a record it granted.
-func leaseOf(rec contract.Record) time.Duration { return rec.LeaseUntil.Sub(rec.CreatedAt) }
-func ttlOf(rec contract.Record) time.Duration   { return rec.ExpiresAt.Sub(rec.CreatedAt) }
+func leaseOf(rec idem.Record) time.Duration { return rec.LeaseUntil.Sub(rec.CreatedAt) }
+func ttlOf(rec idem.Record) time.Duration   { return rec.ExpiresAt.Sub(rec.CreatedAt) }
 
-func fingerprint(name string) contract.Fingerprint { return sha256.Sum256([]byte(name)) }
+func fingerprint(name string) idem.Fingerprint { return sha256.Sum256([]byte(name)) }
 
-func scope(key string) contract.Scope {
-	return contract.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: key}
+func scope(key string) idem.Scope {
+	return idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: key}
 }
 
 // paid is the response most properties store.
-var paid = contract.Response{
+var paid = idem.Response{
 	Status: 201,
 	Header: http.Header{"Content-Type": {"application/json"}, "X-Multi": {"a", "b"}},
 	Body:   []byte(`{"id":"pay_1","status":"succeeded"}`),
 }
 
 // other is a response that differs from paid in every part.
-var other = contract.Response{Status: 500, Header: http.Header{"X-Other": {"1"}}, Body: []byte("other")}
+var other = idem.Response{Status: 500, Header: http.Header{"X-Other": {"1"}}, Body: []byte("other")}
 
 // assertResponse asserts that rec holds resp in full.
-func assertResponse(t *testing.T, resp contract.Response, rec *contract.Record) {
+func assertResponse(t *testing.T, resp idem.Response, rec *idem.Record) {
 	t.Helper()
-	assert.Equal(t, contract.StateCompleted, rec.State)
+	assert.Equal(t, idem.StateCompleted, rec.State)
 	assert.Equal(t, resp.Status, rec.Response.Status)
 	if len(resp.Header) == 0 {
 		assert.Empty(t, rec.Response.Header)
@@ -189,10 +189,10 @@ func assertResponse(t *testing.T, resp contract.Response, rec *contract.Record) 
 
 // keyErr requires err to be a *KeyError wrapping want for a record in
 // state st.
-func keyErr(t *testing.T, err, want error, st contract.State) *contract.KeyError {
+func keyErr(t *testing.T, err, want error, st idem.State) *idem.KeyError {
 	t.Helper()
 	require.ErrorIs(t, err, want)
-	var ke *contract.KeyError
+	var ke *idem.KeyError
 	require.ErrorAs(t, err, &ke)
 	assert.Equal(t, st, ke.State)
 	return ke
@@ -201,14 +201,14 @@ func keyErr(t *testing.T, err, want error, st contract.State) *contract.KeyError
 // leaseEnds are the calls that end a lease, and Extend, which does not.
 var leaseEnds = []struct {
 	name  string
-	call  func(ctx context.Context, l contract.Lease) error
-	state contract.State // the record's state after the call; zero for none
+	call  func(ctx context.Context, l idem.Lease) error
+	state idem.State // the record's state after the call; zero for none
 }{
-	{"complete", func(ctx context.Context, l contract.Lease) error { return l.Complete(ctx, paid) }, contract.StateCompleted},
-	{"release", func(ctx context.Context, l contract.Lease) error { return l.Release(ctx) }, 0},
-	{"unknown", func(ctx context.Context, l contract.Lease) error { return l.MarkUnknown(ctx) }, contract.StateUnknown},
-	{"failed", func(ctx context.Context, l contract.Lease) error { return l.MarkFailed(ctx) }, contract.StateFailed},
-	{"extend", func(ctx context.Context, l contract.Lease) error { return l.Extend(ctx) }, contract.StateInProgress},
+	{"complete", func(ctx context.Context, l idem.Lease) error { return l.Complete(ctx, paid) }, idem.StateCompleted},
+	{"release", func(ctx context.Context, l idem.Lease) error { return l.Release(ctx) }, 0},
+	{"unknown", func(ctx context.Context, l idem.Lease) error { return l.MarkUnknown(ctx) }, idem.StateUnknown},
+	{"failed", func(ctx context.Context, l idem.Lease) error { return l.MarkFailed(ctx) }, idem.StateFailed},
+	{"extend", func(ctx context.Context, l idem.Lease) error { return l.Extend(ctx) }, idem.StateInProgress},
 }
 
 // testClaim walks every state a record can be in and checks what a claim
@@ -218,27 +218,27 @@ func (su *suite) testClaim(t *testing.T) {
 	tests := []struct {
 		name  string
 		setup func(e *env)
-		fp    contract.Fingerprint
-		check func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error)
+		fp    idem.Fingerprint
+		check func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error)
 	}{
 		{
 			name:  "fresh key is won",
 			setup: func(e *env) {},
 			fp:    a,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
 				require.NoError(t, err)
 				require.NotNil(t, l)
 				assert.Equal(t, s, l.Scope())
 				lr := l.Record()
 				assert.Equal(t, s, lr.Scope)
-				assert.Equal(t, contract.StateInProgress, lr.State)
+				assert.Equal(t, idem.StateInProgress, lr.State)
 				assert.Equal(t, a, lr.Fingerprint)
 				assert.Equal(t, uint32(1), lr.Attempts)
 				assert.WithinDuration(t, e.clock.Now(), lr.CreatedAt, time.Millisecond)
 				assert.Positive(t, leaseOf(lr), "the lease ends after the claim")
 				assert.GreaterOrEqual(t, ttlOf(lr), 2*leaseOf(lr), "the suite assumes a TTL of two leases at least")
 				stored := e.get(s)
-				assert.Equal(t, contract.StateInProgress, stored.State)
+				assert.Equal(t, idem.StateInProgress, stored.State)
 				assert.Equal(t, a, stored.Fingerprint)
 				assert.Equal(t, s, stored.Scope)
 			},
@@ -247,7 +247,7 @@ func (su *suite) testClaim(t *testing.T) {
 			name:  "completed replays",
 			setup: func(e *env) { e.complete(s, a, paid) },
 			fp:    a,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
 				require.NoError(t, err)
 				require.NotNil(t, rec)
 				assertResponse(t, paid, rec)
@@ -259,8 +259,8 @@ func (su *suite) testClaim(t *testing.T) {
 			name:  "completed refuses another fingerprint",
 			setup: func(e *env) { e.complete(s, a, paid) },
 			fp:    b,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
-				ke := keyErr(t, err, contract.ErrFingerprintMismatch, contract.StateCompleted)
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
+				ke := keyErr(t, err, idem.ErrFingerprintMismatch, idem.StateCompleted)
 				assert.Zero(t, ke.RetryAfter, "a mismatch is permanent")
 			},
 		},
@@ -271,8 +271,8 @@ func (su *suite) testClaim(t *testing.T) {
 				e.clock.Advance(leaseOf(l.Record()) * 9 / 10)
 			},
 			fp: a,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
-				ke := keyErr(t, err, contract.ErrInProgress, contract.StateInProgress)
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
+				ke := keyErr(t, err, idem.ErrInProgress, idem.StateInProgress)
 				rest := e.get(s).LeaseUntil.Sub(e.clock.Now())
 				assert.Positive(t, ke.RetryAfter)
 				assert.LessOrEqual(t, ke.RetryAfter, rest, "the hint never points past the lease's end")
@@ -282,16 +282,16 @@ func (su *suite) testClaim(t *testing.T) {
 			name:  "in progress refuses another fingerprint",
 			setup: func(e *env) { e.claim(s, a) },
 			fp:    b,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
-				keyErr(t, err, contract.ErrFingerprintMismatch, contract.StateInProgress)
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
+				keyErr(t, err, idem.ErrFingerprintMismatch, idem.StateInProgress)
 			},
 		},
 		{
 			name:  "unknown refuses another fingerprint",
 			setup: func(e *env) { require.NoError(e.t, e.claim(s, a).MarkUnknown(e.t.Context())) },
 			fp:    b,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
-				keyErr(t, err, contract.ErrFingerprintMismatch, contract.StateUnknown)
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
+				keyErr(t, err, idem.ErrFingerprintMismatch, idem.StateUnknown)
 			},
 		},
 		{
@@ -304,8 +304,8 @@ func (su *suite) testClaim(t *testing.T) {
 				e.clock.Advance(step)
 			},
 			fp: a,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
-				keyErr(t, err, contract.ErrInProgress, contract.StateInProgress)
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
+				keyErr(t, err, idem.ErrInProgress, idem.StateInProgress)
 			},
 		},
 		{
@@ -315,31 +315,31 @@ func (su *suite) testClaim(t *testing.T) {
 				e.clock.Advance(leaseOf(l.Record()))
 			},
 			fp: a,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
-				keyErr(t, err, contract.ErrOutcomePending, contract.StateInProgress)
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
+				keyErr(t, err, idem.ErrOutcomePending, idem.StateInProgress)
 			},
 		},
 		{
 			name:  "unknown is pending",
 			setup: func(e *env) { require.NoError(e.t, e.claim(s, a).MarkUnknown(e.t.Context())) },
 			fp:    a,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
-				keyErr(t, err, contract.ErrOutcomePending, contract.StateUnknown)
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
+				keyErr(t, err, idem.ErrOutcomePending, idem.StateUnknown)
 			},
 		},
 		{
 			name:  "failed is pending",
 			setup: func(e *env) { require.NoError(e.t, e.claim(s, a).MarkFailed(e.t.Context())) },
 			fp:    a,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
-				keyErr(t, err, contract.ErrOutcomePending, contract.StateFailed)
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
+				keyErr(t, err, idem.ErrOutcomePending, idem.StateFailed)
 			},
 		},
 		{
 			name:  "released key is free, even for another request",
 			setup: func(e *env) { require.NoError(e.t, e.claim(s, a).Release(e.t.Context())) },
 			fp:    b,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
 				require.NoError(t, err)
 				require.NotNil(t, l)
 				assert.Equal(t, b, l.Record().Fingerprint)
@@ -352,7 +352,7 @@ func (su *suite) testClaim(t *testing.T) {
 				e.clock.Advance(ttlOf(l.Record()))
 			},
 			fp: b,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
 				require.NoError(t, err)
 				require.NotNil(t, l)
 				assert.Equal(t, b, l.Record().Fingerprint)
@@ -366,7 +366,7 @@ func (su *suite) testClaim(t *testing.T) {
 				e.clock.Advance(ttlOf(l.Record()))
 			},
 			fp: a,
-			check: func(t *testing.T, e *env, l contract.Lease, rec *contract.Record, err error) {
+			check: func(t *testing.T, e *env, l idem.Lease, rec *idem.Record, err error) {
 				require.NoError(t, err)
 				require.NotNil(t, l)
 			},
@@ -409,12 +409,12 @@ func (su *suite) testLease(t *testing.T) {
 					assert.Equal(t, first.state, e.get(s).State)
 					assert.Equal(t, first.state, l.Record().State)
 				}
-				if first.state == contract.StateInProgress {
+				if first.state == idem.StateInProgress {
 					require.NoError(t, second.call(t.Context(), l), "an extended lease is still held")
 					return
 				}
 				e.unchanged(s, "a call on an ended lease", func() {
-					assert.ErrorIs(t, second.call(t.Context(), l), contract.ErrLeaseLost)
+					assert.ErrorIs(t, second.call(t.Context(), l), idem.ErrLeaseLost)
 				})
 			})
 		}
@@ -436,8 +436,8 @@ func (su *suite) testLease(t *testing.T) {
 		require.NoError(t, old.Release(t.Context()))
 		newer := e.claim(s, b)
 		e.unchanged(s, "a released holder", func() {
-			assert.ErrorIs(t, old.Complete(t.Context(), other), contract.ErrLeaseLost, "a released holder must not write the new claim's outcome")
-			assert.ErrorIs(t, old.Release(t.Context()), contract.ErrLeaseLost)
+			assert.ErrorIs(t, old.Complete(t.Context(), other), idem.ErrLeaseLost, "a released holder must not write the new claim's outcome")
+			assert.ErrorIs(t, old.Release(t.Context()), idem.ErrLeaseLost)
 		})
 		require.NoError(t, newer.Complete(t.Context(), paid))
 		assertResponse(t, paid, e.replay(s, b))
@@ -448,7 +448,7 @@ func (su *suite) testLease(t *testing.T) {
 		l := e.claim(s, a)
 		e.clock.Advance(ttlOf(l.Record()))
 		for _, end := range leaseEnds {
-			assert.ErrorIs(t, end.call(t.Context(), l), contract.ErrLeaseLost, end.name)
+			assert.ErrorIs(t, end.call(t.Context(), l), idem.ErrLeaseLost, end.name)
 		}
 		e.absent(s)
 	})
@@ -460,7 +460,7 @@ func (su *suite) testLease(t *testing.T) {
 		newer := e.claim(s, b)
 		e.unchanged(s, "an expired holder", func() {
 			for _, end := range leaseEnds {
-				assert.ErrorIs(t, end.call(t.Context(), old), contract.ErrLeaseLost, end.name)
+				assert.ErrorIs(t, end.call(t.Context(), old), idem.ErrLeaseLost, end.name)
 			}
 		})
 		require.NoError(t, newer.Complete(t.Context(), paid))
@@ -478,7 +478,7 @@ func (su *suite) testLease(t *testing.T) {
 			require.NoError(t, err)
 			e.unchanged(s, "a holder that was taken over", func() {
 				for _, end := range leaseEnds {
-					assert.ErrorIs(t, end.call(t.Context(), old), contract.ErrLeaseLost, end.name)
+					assert.ErrorIs(t, end.call(t.Context(), old), idem.ErrLeaseLost, end.name)
 				}
 			})
 			require.NoError(t, newer.Complete(t.Context(), paid))
@@ -501,15 +501,15 @@ func (su *suite) testLease(t *testing.T) {
 		l := e.complete(s, a, paid)
 		e.unchanged(s, "a call after completion", func() {
 			for _, end := range leaseEnds {
-				assert.ErrorIs(t, end.call(t.Context(), l), contract.ErrLeaseLost, end.name)
+				assert.ErrorIs(t, end.call(t.Context(), l), idem.ErrLeaseLost, end.name)
 			}
-			assert.ErrorIs(t, l.Complete(t.Context(), other), contract.ErrLeaseLost)
+			assert.ErrorIs(t, l.Complete(t.Context(), other), idem.ErrLeaseLost)
 			if e.op != nil {
 				_, err := e.op.TakeOver(t.Context(), s)
-				assert.ErrorIs(t, err, contract.ErrCompleted)
+				assert.ErrorIs(t, err, idem.ErrCompleted)
 			}
 			_, _, err := e.store.Claim(t.Context(), s, fingerprint("b"))
-			assert.ErrorIs(t, err, contract.ErrFingerprintMismatch)
+			assert.ErrorIs(t, err, idem.ErrFingerprintMismatch)
 		})
 		rec := e.replay(s, a)
 		assertResponse(t, paid, rec)
@@ -518,11 +518,11 @@ func (su *suite) testLease(t *testing.T) {
 
 	t.Run("records are copies the caller owns", func(t *testing.T) {
 		e := su.env(t)
-		resp := contract.Response{Status: 200, Header: http.Header{"X-A": {"1"}}, Body: []byte("body")}
+		resp := idem.Response{Status: 200, Header: http.Header{"X-A": {"1"}}, Body: []byte("body")}
 		l := e.complete(s, a, resp)
 		resp.Header.Set("X-A", "changed")
 		resp.Body[0] = 'X'
-		want := contract.Response{Status: 200, Header: http.Header{"X-A": {"1"}}, Body: []byte("body")}
+		want := idem.Response{Status: 200, Header: http.Header{"X-A": {"1"}}, Body: []byte("body")}
 		got := e.get(s)
 		assertResponse(t, want, got)
 		got.Response.Header.Set("X-A", "changed")
@@ -555,8 +555,8 @@ func (su *suite) testConcurrentClaims(t *testing.T) {
 			claimed sync.WaitGroup // every worker has claimed every key
 			done    sync.WaitGroup
 		)
-		answer := func(w int) contract.Response {
-			return contract.Response{Status: 200, Body: fmt.Appendf(nil, "winner %d", w)}
+		answer := func(w int) idem.Response {
+			return idem.Response{Status: 200, Body: fmt.Appendf(nil, "winner %d", w)}
 		}
 		claimed.Add(workers)
 		done.Add(workers)
@@ -564,7 +564,7 @@ func (su *suite) testConcurrentClaims(t *testing.T) {
 			go func() {
 				defer done.Done()
 				<-start
-				var held []contract.Lease
+				var held []idem.Lease
 				rng := rand.New(rand.NewPCG(uint64(w), 1))
 				for _, i := range rng.Perm(keys) {
 					key := fmt.Sprint("key-", i)
@@ -583,7 +583,7 @@ func (su *suite) testConcurrentClaims(t *testing.T) {
 						mu.Lock()
 						replays[key] = append(replays[key], string(rec.Response.Body))
 						mu.Unlock()
-					case !errors.Is(err, contract.ErrInProgress):
+					case !errors.Is(err, idem.ErrInProgress):
 						t.Errorf("claim %s: %v, want a lease, a replay or ErrInProgress", key, err)
 					}
 				}
@@ -615,7 +615,7 @@ func (su *suite) testConcurrentClaims(t *testing.T) {
 func (su *suite) testScopes(t *testing.T) {
 	t.Run("tenants and endpoints stay apart", func(t *testing.T) {
 		e := su.env(t)
-		scopes := []contract.Scope{
+		scopes := []idem.Scope{
 			{Tenant: "a", Endpoint: "POST /x", Key: "same"},
 			{Tenant: "b", Endpoint: "POST /x", Key: "same"},
 			{Tenant: "a", Endpoint: "POST /y", Key: "same"},
@@ -626,7 +626,7 @@ func (su *suite) testScopes(t *testing.T) {
 			{Tenant: "t", Endpoint: "ek", Key: "k"},
 		}
 		for i, s := range scopes {
-			e.complete(s, fingerprint(fmt.Sprint(i)), contract.Response{Status: 200, Body: []byte(s.Tenant + "|" + s.Endpoint + "|" + s.Key)})
+			e.complete(s, fingerprint(fmt.Sprint(i)), idem.Response{Status: 200, Body: []byte(s.Tenant + "|" + s.Endpoint + "|" + s.Key)})
 		}
 		for i, s := range scopes {
 			rec := e.replay(s, fingerprint(fmt.Sprint(i)))
@@ -637,14 +637,14 @@ func (su *suite) testScopes(t *testing.T) {
 
 	t.Run("empty tenant and endpoint are scopes", func(t *testing.T) {
 		e := su.env(t)
-		scopes := []contract.Scope{{Key: "k"}, {Tenant: "t", Key: "k"}, {Endpoint: "e", Key: "k"}, {Tenant: "t", Endpoint: "e", Key: "k"}}
-		ls := make([]contract.Lease, len(scopes))
+		scopes := []idem.Scope{{Key: "k"}, {Tenant: "t", Key: "k"}, {Endpoint: "e", Key: "k"}, {Tenant: "t", Endpoint: "e", Key: "k"}}
+		ls := make([]idem.Lease, len(scopes))
 		for i, s := range scopes {
 			ls[i] = e.claim(s, fingerprint(fmt.Sprint(i)))
 		}
 		require.NoError(t, ls[0].Complete(t.Context(), paid))
 		for i, s := range scopes[1:] {
-			assert.Equal(t, contract.StateInProgress, e.get(s).State, "completing %v touched %v", scopes[0], s)
+			assert.Equal(t, idem.StateInProgress, e.get(s).State, "completing %v touched %v", scopes[0], s)
 			assert.Equal(t, fingerprint(fmt.Sprint(i+1)), e.get(s).Fingerprint)
 		}
 		assertResponse(t, paid, e.replay(scopes[0], fingerprint("0")))
@@ -664,7 +664,7 @@ func (su *suite) testExpiry(t *testing.T) {
 		e.clock.Advance(early)
 		e.absent(s)
 		if e.op != nil {
-			for rec, err := range e.op.Records(t.Context(), contract.Filter{}) {
+			for rec, err := range e.op.Records(t.Context(), idem.Filter{}) {
 				require.NoError(t, err)
 				t.Errorf("an expired record is listed: %q", rec.Scope.Key)
 			}
@@ -705,8 +705,8 @@ func (su *suite) testBodies(t *testing.T) {
 			for i := range body {
 				body[i] = byte(i*7 + tt.size)
 			}
-			e.complete(s, fingerprint("a"), contract.Response{Status: 200, Body: body})
-			for from, rec := range map[string]*contract.Record{"replay": e.replay(s, fingerprint("a")), "get": e.get(s)} {
+			e.complete(s, fingerprint("a"), idem.Response{Status: 200, Body: body})
+			for from, rec := range map[string]*idem.Record{"replay": e.replay(s, fingerprint("a")), "get": e.get(s)} {
 				assert.Equal(t, int64(tt.size), rec.BodyLen, from)
 				assert.Equal(t, sha256.Sum256(body), rec.BodyDigest, from)
 				assert.Equal(t, tt.omitted, rec.BodyOmitted, from)
@@ -722,7 +722,7 @@ func (su *suite) testBodies(t *testing.T) {
 
 // waitFor starts Wait on s and returns its result's channel, after
 // checking for blockCheck that it does not return while s is held.
-func (e *env) waitFor(ctx context.Context, s contract.Scope) <-chan error {
+func (e *env) waitFor(ctx context.Context, s idem.Scope) <-chan error {
 	e.t.Helper()
 	woke := make(chan error, 1)
 	go func() { woke <- e.store.Wait(ctx, s) }()
@@ -770,7 +770,7 @@ func (su *suite) testWait(t *testing.T) {
 	})
 
 	for _, end := range leaseEnds {
-		if end.state == contract.StateInProgress {
+		if end.state == idem.StateInProgress {
 			continue
 		}
 		t.Run("woken by "+end.name, func(t *testing.T) {
@@ -782,7 +782,7 @@ func (su *suite) testWait(t *testing.T) {
 			require.NoError(t, end.call(t.Context(), l))
 			require.NoError(t, woken(t, woke))
 			_, _, err := e.store.Claim(t.Context(), s, a)
-			assert.NotErrorIs(t, err, contract.ErrInProgress, "the key is no longer held after the wake-up")
+			assert.NotErrorIs(t, err, idem.ErrInProgress, "the key is no longer held after the wake-up")
 		})
 	}
 
@@ -794,7 +794,7 @@ func (su *suite) testWait(t *testing.T) {
 		woke := e.waitFor(ctx, s)
 		require.NoError(t, e.store.Close())
 		if err := woken(t, woke); err != nil {
-			assert.ErrorIs(t, err, contract.ErrClosed)
+			assert.ErrorIs(t, err, idem.ErrClosed)
 		}
 	})
 
@@ -810,7 +810,7 @@ func (su *suite) testWait(t *testing.T) {
 		woke := e.waitFor(ctx, s)
 		cancel()
 		assert.ErrorIs(t, woken(t, woke), context.Canceled)
-		assert.Equal(t, contract.StateInProgress, e.get(s).State)
+		assert.Equal(t, idem.StateInProgress, e.get(s).State)
 	})
 }
 
@@ -819,35 +819,35 @@ func (su *suite) testWait(t *testing.T) {
 func (su *suite) testInvalidInput(t *testing.T) {
 	t.Run("scopes out of range are refused", func(t *testing.T) {
 		e := su.env(t)
-		bad := []contract.Scope{
+		bad := []idem.Scope{
 			{Tenant: "t", Endpoint: "e", Key: ""},
-			{Tenant: "t", Endpoint: "e", Key: strings.Repeat("k", contract.MaxKeyBytes+1)},
-			{Tenant: strings.Repeat("t", contract.MaxTenantBytes+1), Endpoint: "e", Key: "k"},
-			{Tenant: "t", Endpoint: strings.Repeat("e", contract.MaxEndpointBytes+1), Key: "k"},
+			{Tenant: "t", Endpoint: "e", Key: strings.Repeat("k", idem.MaxKeyBytes+1)},
+			{Tenant: strings.Repeat("t", idem.MaxTenantBytes+1), Endpoint: "e", Key: "k"},
+			{Tenant: "t", Endpoint: strings.Repeat("e", idem.MaxEndpointBytes+1), Key: "k"},
 		}
 		for _, s := range bad {
 			_, _, err := e.store.Claim(t.Context(), s, fingerprint("a"))
-			assert.ErrorIs(t, err, contract.ErrInvalidScope)
+			assert.ErrorIs(t, err, idem.ErrInvalidScope)
 			_, err = e.store.Get(t.Context(), s)
-			assert.ErrorIs(t, err, contract.ErrInvalidScope)
-			assert.ErrorIs(t, e.store.Wait(t.Context(), s), contract.ErrInvalidScope)
+			assert.ErrorIs(t, err, idem.ErrInvalidScope)
+			assert.ErrorIs(t, e.store.Wait(t.Context(), s), idem.ErrInvalidScope)
 			if e.op != nil {
 				_, err = e.op.TakeOver(t.Context(), s)
-				assert.ErrorIs(t, err, contract.ErrInvalidScope)
+				assert.ErrorIs(t, err, idem.ErrInvalidScope)
 			}
 		}
 		// Nothing was stored under a shortened form of a bad scope.
-		e.absent(contract.Scope{Tenant: "t", Endpoint: "e", Key: strings.Repeat("k", contract.MaxKeyBytes)})
-		e.absent(contract.Scope{Tenant: strings.Repeat("t", contract.MaxTenantBytes), Endpoint: "e", Key: "k"})
-		e.absent(contract.Scope{Tenant: "t", Endpoint: strings.Repeat("e", contract.MaxEndpointBytes), Key: "k"})
+		e.absent(idem.Scope{Tenant: "t", Endpoint: "e", Key: strings.Repeat("k", idem.MaxKeyBytes)})
+		e.absent(idem.Scope{Tenant: strings.Repeat("t", idem.MaxTenantBytes), Endpoint: "e", Key: "k"})
+		e.absent(idem.Scope{Tenant: "t", Endpoint: strings.Repeat("e", idem.MaxEndpointBytes), Key: "k"})
 		if e.op != nil {
-			for rec, err := range e.op.Records(t.Context(), contract.Filter{Expired: true}) {
+			for rec, err := range e.op.Records(t.Context(), idem.Filter{Expired: true}) {
 				require.NoError(t, err)
 				t.Errorf("a refused scope left a record: %+v", rec.Scope)
 			}
 		}
 		// The limits are inclusive.
-		edge := contract.Scope{Tenant: strings.Repeat("t", contract.MaxTenantBytes), Endpoint: strings.Repeat("e", contract.MaxEndpointBytes), Key: strings.Repeat("k", contract.MaxKeyBytes)}
+		edge := idem.Scope{Tenant: strings.Repeat("t", idem.MaxTenantBytes), Endpoint: strings.Repeat("e", idem.MaxEndpointBytes), Key: strings.Repeat("k", idem.MaxKeyBytes)}
 		e.complete(edge, fingerprint("a"), paid)
 		assertResponse(t, paid, e.replay(edge, fingerprint("a")))
 	})
@@ -858,13 +858,13 @@ func (su *suite) testInvalidInput(t *testing.T) {
 		l := e.claim(s, fingerprint("a"))
 		e.unchanged(s, "a refused response", func() {
 			for _, status := range []int{0, 99, 1000, -1} {
-				assert.ErrorIs(t, l.Complete(t.Context(), contract.Response{Status: status}), contract.ErrInvalidResponse, "status %d", status)
+				assert.ErrorIs(t, l.Complete(t.Context(), idem.Response{Status: status}), idem.ErrInvalidResponse, "status %d", status)
 			}
 		})
-		assert.Equal(t, contract.StateInProgress, e.get(s).State)
-		require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 999}), "the lease survives a refused response, and 999 is in range")
+		assert.Equal(t, idem.StateInProgress, e.get(s).State)
+		require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 999}), "the lease survives a refused response, and 999 is in range")
 		assert.Equal(t, 999, e.replay(s, fingerprint("a")).Response.Status)
-		e.complete(scope("k2"), fingerprint("a"), contract.Response{Status: 100})
+		e.complete(scope("k2"), fingerprint("a"), idem.Response{Status: 100})
 	})
 }
 
@@ -904,56 +904,56 @@ func (su *suite) testClosed(t *testing.T) {
 		assert.NoError(t, e.store.Close(), "a second Close returns the first one's result")
 
 		_, _, err := e.store.Claim(ctx, scope("k2"), fingerprint("a"))
-		assert.ErrorIs(t, err, contract.ErrClosed, "claim")
+		assert.ErrorIs(t, err, idem.ErrClosed, "claim")
 		_, err = e.store.Get(ctx, s)
-		assert.ErrorIs(t, err, contract.ErrClosed, "get")
-		assert.ErrorIs(t, e.store.Wait(ctx, s), contract.ErrClosed, "wait")
-		assert.ErrorIs(t, e.store.Ping(ctx), contract.ErrClosed, "ping")
+		assert.ErrorIs(t, err, idem.ErrClosed, "get")
+		assert.ErrorIs(t, e.store.Wait(ctx, s), idem.ErrClosed, "wait")
+		assert.ErrorIs(t, e.store.Ping(ctx), idem.ErrClosed, "ping")
 		for _, end := range leaseEnds {
-			assert.ErrorIs(t, end.call(ctx, l), contract.ErrClosed, end.name)
+			assert.ErrorIs(t, end.call(ctx, l), idem.ErrClosed, end.name)
 		}
 		if e.op == nil {
 			return
 		}
 		var listErr error
-		for _, err := range e.op.Records(ctx, contract.Filter{}) {
+		for _, err := range e.op.Records(ctx, idem.Filter{}) {
 			listErr = err
 			break
 		}
-		assert.ErrorIs(t, listErr, contract.ErrClosed, "records")
+		assert.ErrorIs(t, listErr, idem.ErrClosed, "records")
 		_, err = e.op.TakeOver(ctx, s)
-		assert.ErrorIs(t, err, contract.ErrClosed, "take-over")
+		assert.ErrorIs(t, err, idem.ErrClosed, "take-over")
 		_, err = e.op.Overdue(ctx, 0)
-		assert.ErrorIs(t, err, contract.ErrClosed, "overdue")
+		assert.ErrorIs(t, err, idem.ErrClosed, "overdue")
 		_, err = e.op.Reconcile(ctx)
-		assert.ErrorIs(t, err, contract.ErrClosed, "reconcile")
+		assert.ErrorIs(t, err, idem.ErrClosed, "reconcile")
 		_, err = e.op.Sweep(ctx)
-		assert.ErrorIs(t, err, contract.ErrClosed, "sweep")
+		assert.ErrorIs(t, err, idem.ErrClosed, "sweep")
 		_, err = e.op.Compact(ctx, nil)
-		assert.ErrorIs(t, err, contract.ErrClosed, "compact")
+		assert.ErrorIs(t, err, idem.ErrClosed, "compact")
 		_, err = e.op.Metrics(ctx)
-		assert.ErrorIs(t, err, contract.ErrClosed, "metrics")
+		assert.ErrorIs(t, err, idem.ErrClosed, "metrics")
 	})
 }
 
-// testOperator checks the calls of contract.Operator.
+// testOperator checks the calls of idem.Operator.
 func (su *suite) testOperator(t *testing.T) {
 	a := fingerprint("a")
 	t.Run("take-over refuses absent, held and completed records", func(t *testing.T) {
 		e := su.env(t)
 		_, err := e.op.TakeOver(t.Context(), scope("absent"))
-		assert.ErrorIs(t, err, contract.ErrNotFound)
+		assert.ErrorIs(t, err, idem.ErrNotFound)
 		l := e.claim(scope("held"), a)
 		e.unchanged(scope("held"), "a refused take-over", func() {
 			_, err = e.op.TakeOver(t.Context(), scope("held"))
-			ke := keyErr(t, err, contract.ErrInProgress, contract.StateInProgress)
+			ke := keyErr(t, err, idem.ErrInProgress, idem.StateInProgress)
 			assert.Positive(t, ke.RetryAfter)
 			assert.LessOrEqual(t, ke.RetryAfter, leaseOf(l.Record()))
 		})
 		e.complete(scope("done"), a, paid)
 		e.unchanged(scope("done"), "a refused take-over", func() {
 			_, err = e.op.TakeOver(t.Context(), scope("done"))
-			assert.ErrorIs(t, err, contract.ErrCompleted)
+			assert.ErrorIs(t, err, idem.ErrCompleted)
 		})
 	})
 
@@ -966,17 +966,17 @@ func (su *suite) testOperator(t *testing.T) {
 		l, err := e.op.TakeOver(t.Context(), s)
 		require.NoError(t, err)
 		rec := l.Record()
-		assert.Equal(t, contract.StateInProgress, rec.State)
+		assert.Equal(t, idem.StateInProgress, rec.State)
 		assert.Equal(t, uint32(2), rec.Attempts)
 		assert.Equal(t, a, rec.Fingerprint, "a take-over keeps the request's fingerprint")
 		assert.WithinDuration(t, e.clock.Now().Add(lease), rec.LeaseUntil, time.Millisecond)
 		_, _, err = e.store.Claim(t.Context(), s, a)
-		keyErr(t, err, contract.ErrInProgress, contract.StateInProgress)
+		keyErr(t, err, idem.ErrInProgress, idem.StateInProgress)
 		require.NoError(t, l.Complete(t.Context(), paid))
 		assertResponse(t, paid, e.replay(s, a))
 		m, err := e.op.Metrics(t.Context())
 		require.NoError(t, err)
-		assert.Equal(t, int64(1), m.Events[contract.EventTakenOver], "a take-over is counted")
+		assert.Equal(t, int64(1), m.Events[idem.EventTakenOver], "a take-over is counted")
 	})
 
 	t.Run("take-over settles unknown and failed records", func(t *testing.T) {
@@ -1019,8 +1019,8 @@ func (su *suite) testOperator(t *testing.T) {
 
 	t.Run("records select by filter", func(t *testing.T) {
 		e := su.env(t)
-		in := func(tenant, endpoint, key string) contract.Scope {
-			return contract.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
+		in := func(tenant, endpoint, key string) idem.Scope {
+			return idem.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
 		}
 		old := e.complete(in("acme", "POST /a", "old"), a, paid)
 		ttl := ttlOf(old.Record())
@@ -1032,19 +1032,19 @@ func (su *suite) testOperator(t *testing.T) {
 		e.clock.Advance(ttl - ttl/2)
 
 		for _, tt := range []struct {
-			f    contract.Filter
+			f    idem.Filter
 			want []string
 		}{
-			{contract.Filter{}, []string{"k1", "k2", "k3"}},
-			{contract.Filter{Tenant: "acme"}, []string{"k1", "k2"}},
-			{contract.Filter{Endpoint: "POST /a"}, []string{"k1", "k3"}},
-			{contract.Filter{Tenant: "acme", Endpoint: "POST /a"}, []string{"k1"}},
-			{contract.Filter{State: contract.StateCompleted}, []string{"k1"}},
-			{contract.Filter{State: contract.StateUnknown}, []string{"k3"}},
-			{contract.Filter{Expired: true}, []string{"old", "k1", "k2", "k3"}},
-			{contract.Filter{CreatedBefore: mid, Expired: true}, []string{"old"}},
+			{idem.Filter{}, []string{"k1", "k2", "k3"}},
+			{idem.Filter{Tenant: "acme"}, []string{"k1", "k2"}},
+			{idem.Filter{Endpoint: "POST /a"}, []string{"k1", "k3"}},
+			{idem.Filter{Tenant: "acme", Endpoint: "POST /a"}, []string{"k1"}},
+			{idem.Filter{State: idem.StateCompleted}, []string{"k1"}},
+			{idem.Filter{State: idem.StateUnknown}, []string{"k3"}},
+			{idem.Filter{Expired: true}, []string{"old", "k1", "k2", "k3"}},
+			{idem.Filter{CreatedBefore: mid, Expired: true}, []string{"old"}},
 		} {
-			var got []*contract.Record
+			var got []*idem.Record
 			for rec, err := range e.op.Records(t.Context(), tt.f) {
 				require.NoError(t, err)
 				got = append(got, rec)
@@ -1073,8 +1073,8 @@ func (su *suite) testOperator(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, 2, res.Records)
 		assert.Positive(t, res.Bytes)
-		var left []*contract.Record
-		for rec, err := range e.op.Records(t.Context(), contract.Filter{Expired: true}) {
+		var left []*idem.Record
+		for rec, err := range e.op.Records(t.Context(), idem.Filter{Expired: true}) {
 			require.NoError(t, err)
 			left = append(left, rec)
 		}
@@ -1083,7 +1083,7 @@ func (su *suite) testOperator(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, m.Expired)
 		assert.Zero(t, m.UnknownRecords)
-		assert.Equal(t, int64(2), m.Events[contract.EventSwept])
+		assert.Equal(t, int64(2), m.Events[idem.EventSwept])
 		res, err = e.op.Sweep(t.Context())
 		require.NoError(t, err)
 		assert.Zero(t, res.Records, "a second sweep finds nothing")
@@ -1097,8 +1097,8 @@ func (su *suite) testOperator(t *testing.T) {
 		res, err := e.op.Compact(t.Context(), nil)
 		require.NoError(t, err)
 		assert.Equal(t, 1, res.Records)
-		var left []*contract.Record
-		for rec, err := range e.op.Records(t.Context(), contract.Filter{Expired: true}) {
+		var left []*idem.Record
+		for rec, err := range e.op.Records(t.Context(), idem.Filter{Expired: true}) {
 			require.NoError(t, err)
 			left = append(left, rec)
 		}
@@ -1113,10 +1113,10 @@ func (su *suite) testOperator(t *testing.T) {
 		require.NoError(t, done.Complete(ctx, paid))
 		e.replay(scope("done"), a)
 		_, _, err := e.store.Claim(ctx, scope("done"), fingerprint("b"))
-		require.ErrorIs(t, err, contract.ErrFingerprintMismatch)
+		require.ErrorIs(t, err, idem.ErrFingerprintMismatch)
 		e.claim(scope("running"), a)
 		_, _, err = e.store.Claim(ctx, scope("running"), a)
-		require.ErrorIs(t, err, contract.ErrInProgress)
+		require.ErrorIs(t, err, idem.ErrInProgress)
 		require.NoError(t, e.claim(scope("gone"), a).Release(ctx))
 		require.NoError(t, e.claim(scope("lost"), a).MarkUnknown(ctx))
 		require.NoError(t, e.claim(scope("failed"), a).MarkFailed(ctx))
@@ -1124,17 +1124,17 @@ func (su *suite) testOperator(t *testing.T) {
 		e.claim(scope("young"), a)
 		e.clock.Advance(lease - lease/4)
 		_, _, err = e.store.Claim(ctx, scope("running"), a)
-		require.ErrorIs(t, err, contract.ErrOutcomePending)
+		require.ErrorIs(t, err, idem.ErrOutcomePending)
 
 		m, err := e.op.Metrics(ctx)
 		require.NoError(t, err)
-		var events [contract.NumEvents]int64
-		events[contract.EventClaimed] = 6
-		for _, e := range []contract.Event{contract.EventReplayed, contract.EventConflict, contract.EventMismatch,
-			contract.EventPending, contract.EventCompleted, contract.EventReleased, contract.EventUnknown, contract.EventFailed} {
+		var events [idem.NumEvents]int64
+		events[idem.EventClaimed] = 6
+		for _, e := range []idem.Event{idem.EventReplayed, idem.EventConflict, idem.EventMismatch,
+			idem.EventPending, idem.EventCompleted, idem.EventReleased, idem.EventUnknown, idem.EventFailed} {
 			events[e] = 1
 		}
-		want := contract.Metrics{
+		want := idem.Metrics{
 			Events:     events,
 			InProgress: 2, Overdue: 1, OldestInProgress: lease,
 			UnknownRecords: 1, FailedRecords: 1,
@@ -1150,7 +1150,7 @@ func (su *suite) testOperator(t *testing.T) {
 		require.NoError(t, err)
 		m, err = e.op.Metrics(ctx)
 		require.NoError(t, err)
-		assert.Equal(t, int64(5), m.Events[contract.EventSwept])
+		assert.Equal(t, int64(5), m.Events[idem.EventSwept])
 		assert.Zero(t, m.Expired)
 		assert.Zero(t, m.InProgress)
 		assert.Zero(t, m.UnknownRecords)
@@ -1159,7 +1159,7 @@ func (su *suite) testOperator(t *testing.T) {
 }
 
 // recordKeys returns the keys of recs, in order.
-func recordKeys(recs []*contract.Record) []string {
+func recordKeys(recs []*idem.Record) []string {
 	keys := make([]string, 0, len(recs))
 	for _, rec := range recs {
 		keys = append(keys, rec.Scope.Key)

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // brokenStoreEnv names, in a child process, the broken store that
@@ -23,26 +23,26 @@ const brokenStoreEnv = "IDEMTEST_BROKEN_STORE"
 // and the subtests of TestStore that must fail on them. "faithful" breaks
 // nothing: it shows that the child process passes when the store does.
 var brokenStores = map[string]struct {
-	wrap  func(m *MemStore) contract.Store
+	wrap  func(m *MemStore) idem.Store
 	fails []string
 }{
 	"faithful": {
-		wrap: func(m *MemStore) contract.Store { return m },
+		wrap: func(m *MemStore) idem.Store { return m },
 	},
 	"second claimer wins": {
-		wrap: func(m *MemStore) contract.Store { return secondWinner{m} },
+		wrap: func(m *MemStore) idem.Store { return secondWinner{m} },
 		fails: []string{
 			"claim/in_progress_asks_to_retry_within_the_lease",
 			"concurrent_claims/one_winner_per_key",
 		},
 	},
 	"mismatch replays": {
-		wrap:  func(m *MemStore) contract.Store { return mismatchReplays{m} },
+		wrap:  func(m *MemStore) idem.Store { return mismatchReplays{m} },
 		fails: []string{"claim/completed_refuses_another_fingerprint"},
 	},
 	"complete overwrites": {
-		wrap: func(m *MemStore) contract.Store {
-			return leaseWrapper{m, func(l contract.Lease) contract.Lease { return overwritingLease{l, m} }}
+		wrap: func(m *MemStore) idem.Store {
+			return leaseWrapper{m, func(l idem.Lease) idem.Lease { return overwritingLease{l, m} }}
 		},
 		fails: []string{
 			"lease/complete/then/complete",
@@ -51,8 +51,8 @@ var brokenStores = map[string]struct {
 		},
 	},
 	"lost release succeeds": {
-		wrap: func(m *MemStore) contract.Store {
-			return leaseWrapper{m, func(l contract.Lease) contract.Lease { return lostReleaseLease{l} }}
+		wrap: func(m *MemStore) idem.Store {
+			return leaseWrapper{m, func(l idem.Lease) idem.Lease { return lostReleaseLease{l} }}
 		},
 		fails: []string{
 			"lease/complete/then/release",
@@ -102,7 +102,7 @@ func TestBrokenStoreChild(t *testing.T) {
 	}
 	b, ok := brokenStores[name]
 	require.True(t, ok, "no broken store %q", name)
-	TestStore(t, func(t *testing.T, now func() time.Time) contract.Store {
+	TestStore(t, func(t *testing.T, now func() time.Time) idem.Store {
 		m := NewMemStore(&MemOptions{Now: now})
 		t.Cleanup(func() { _ = m.Close() })
 		return b.wrap(m)
@@ -113,9 +113,9 @@ func TestBrokenStoreChild(t *testing.T) {
 // taking the record from its holder: no mutual exclusion.
 type secondWinner struct{ *MemStore }
 
-func (w secondWinner) Claim(ctx context.Context, s contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+func (w secondWinner) Claim(ctx context.Context, s idem.Scope, fp idem.Fingerprint) (idem.Lease, *idem.Record, error) {
 	l, rec, err := w.MemStore.Claim(ctx, s, fp)
-	if !errors.Is(err, contract.ErrInProgress) {
+	if !errors.Is(err, idem.ErrInProgress) {
 		return l, rec, err
 	}
 	m := w.MemStore
@@ -135,10 +135,10 @@ func (w secondWinner) Claim(ctx context.Context, s contract.Scope, fp contract.F
 // its fingerprint.
 type mismatchReplays struct{ *MemStore }
 
-func (w mismatchReplays) Claim(ctx context.Context, s contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+func (w mismatchReplays) Claim(ctx context.Context, s idem.Scope, fp idem.Fingerprint) (idem.Lease, *idem.Record, error) {
 	l, rec, err := w.MemStore.Claim(ctx, s, fp)
-	if errors.Is(err, contract.ErrFingerprintMismatch) {
-		if stored, gerr := w.Get(ctx, s); gerr == nil && stored.State == contract.StateCompleted {
+	if errors.Is(err, idem.ErrFingerprintMismatch) {
+		if stored, gerr := w.Get(ctx, s); gerr == nil && stored.State == idem.StateCompleted {
 			return nil, stored, nil
 		}
 	}
@@ -148,10 +148,10 @@ func (w mismatchReplays) Claim(ctx context.Context, s contract.Scope, fp contrac
 // leaseWrapper hands out the leases of its MemStore wrapped by wrap.
 type leaseWrapper struct {
 	*MemStore
-	wrap func(contract.Lease) contract.Lease
+	wrap func(idem.Lease) idem.Lease
 }
 
-func (w leaseWrapper) Claim(ctx context.Context, s contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+func (w leaseWrapper) Claim(ctx context.Context, s idem.Scope, fp idem.Fingerprint) (idem.Lease, *idem.Record, error) {
 	l, rec, err := w.MemStore.Claim(ctx, s, fp)
 	if l != nil {
 		l = w.wrap(l)
@@ -159,7 +159,7 @@ func (w leaseWrapper) Claim(ctx context.Context, s contract.Scope, fp contract.F
 	return l, rec, err
 }
 
-func (w leaseWrapper) TakeOver(ctx context.Context, s contract.Scope) (contract.Lease, error) {
+func (w leaseWrapper) TakeOver(ctx context.Context, s idem.Scope) (idem.Lease, error) {
 	l, err := w.MemStore.TakeOver(ctx, s)
 	if l != nil {
 		l = w.wrap(l)
@@ -170,30 +170,30 @@ func (w leaseWrapper) TakeOver(ctx context.Context, s contract.Scope) (contract.
 // overwritingLease writes its response even after it lost the record,
 // over whatever the record holds.
 type overwritingLease struct {
-	contract.Lease
+	idem.Lease
 	m *MemStore
 }
 
-func (l overwritingLease) Complete(ctx context.Context, resp contract.Response) error {
+func (l overwritingLease) Complete(ctx context.Context, resp idem.Response) error {
 	err := l.Lease.Complete(ctx, resp)
-	if !errors.Is(err, contract.ErrLeaseLost) {
+	if !errors.Is(err, idem.ErrLeaseLost) {
 		return err
 	}
 	l.m.mu.Lock()
 	defer l.m.mu.Unlock()
 	if r := l.m.recs[l.Scope()]; r != nil {
-		r.rec.State = contract.StateCompleted
-		r.rec.Response = contract.Response{Status: resp.Status, Header: cloneHeader(resp.Header), Body: slices.Clone(resp.Body)}
+		r.rec.State = idem.StateCompleted
+		r.rec.Response = idem.Response{Status: resp.Status, Header: cloneHeader(resp.Header), Body: slices.Clone(resp.Body)}
 		r.rec.BodyLen = int64(len(resp.Body))
 	}
 	return nil
 }
 
 // lostReleaseLease reports success for a Release it was refused.
-type lostReleaseLease struct{ contract.Lease }
+type lostReleaseLease struct{ idem.Lease }
 
 func (l lostReleaseLease) Release(ctx context.Context) error {
-	if err := l.Lease.Release(ctx); !errors.Is(err, contract.ErrLeaseLost) {
+	if err := l.Lease.Release(ctx); !errors.Is(err, idem.ErrLeaseLost) {
 		return err
 	}
 	return nil

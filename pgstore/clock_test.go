@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
 	"github.com/idemkv/idem/pgstore"
@@ -43,32 +43,32 @@ func TestClockSkewMargin(t *testing.T) {
 	// nearly the skew: b still sees the claim in progress.
 	clock.Advance(lease - time.Millisecond)
 	_, _, err = b.Claim(t.Context(), scope("held"), fp)
-	require.ErrorIs(t, err, contract.ErrInProgress)
+	require.ErrorIs(t, err, idem.ErrInProgress)
 	overdue, err := b.Overdue(t.Context(), 10)
 	require.NoError(t, err)
 	assert.Empty(t, overdue, "b lists a running lease as overdue")
 	_, err = b.TakeOver(t.Context(), scope("held"))
-	assert.ErrorIs(t, err, contract.ErrInProgress)
+	assert.ErrorIs(t, err, idem.ErrInProgress)
 	require.NoError(t, held.Extend(t.Context()), "the holder lost its lease early")
 
 	// Past the lease and the margin, for the clock of either, it is over.
 	clock.Advance(lease + skew)
 	_, _, err = b.Claim(t.Context(), scope("held"), fp)
-	require.ErrorIs(t, err, contract.ErrOutcomePending)
+	require.ErrorIs(t, err, idem.ErrOutcomePending)
 	_, _, err = a.Claim(t.Context(), scope("held"), fp)
-	require.ErrorIs(t, err, contract.ErrOutcomePending)
+	require.ErrorIs(t, err, idem.ErrOutcomePending)
 
 	// Just before the TTL ends on a's clock, b still replays the record.
 	clock.Advance(ttl - 2*lease - skew)
 	_, rec, err := b.Claim(t.Context(), scope("done"), fp)
 	require.NoError(t, err)
 	require.NotNil(t, rec, "b expired the record before its TTL had passed")
-	assert.Equal(t, contract.StateCompleted, rec.State)
+	assert.Equal(t, idem.StateCompleted, rec.State)
 
 	// Past the TTL and the margin, for the clock of either, it has expired.
 	clock.Advance(skew + time.Millisecond)
 	_, err = a.Get(t.Context(), scope("done"))
-	assert.ErrorIs(t, err, contract.ErrNotFound)
+	assert.ErrorIs(t, err, idem.ErrNotFound)
 }
 
 // A replica whose clock is off from the database server's by more than

@@ -1,7 +1,7 @@
 // Package pgstore keeps idempotency records in PostgreSQL, so that many
 // replicas of a service share them: a key claimed on one replica is in
 // progress on all of them, and a response stored by one is replayed by
-// all. It implements contract.Operator and passes the same conformance
+// all. It implements idem.Operator and passes the same conformance
 // suite (idemtest.TestStore) as the embedded store of package idem.
 //
 // # Basics
@@ -34,7 +34,7 @@
 // storm), so that each case costs one statement when it is the usual one. Every lease
 // call names the lease's token in its WHERE: a holder whose record was
 // taken over, released or expired changes nothing and gets
-// contract.ErrLeaseLost. Completed responses and fingerprints are never
+// idem.ErrLeaseLost. Completed responses and fingerprints are never
 // overwritten.
 //
 // Each end of a lease (complete, release, mark, take-over) sends a
@@ -56,9 +56,9 @@
 // When the operation writes to the same database, InTx runs it in one
 // transaction with its claim and its completion:
 //
-//	resp, replayed, err := s.InTx(ctx, scope, fingerprint, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+//	resp, replayed, err := s.InTx(ctx, scope, fingerprint, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 //		_, err := tx.Exec(ctx, "INSERT INTO payments ...")
-//		return contract.Response{Status: 201, Body: body}, err
+//		return idem.Response{Status: 201, Body: body}, err
 //	})
 //
 // The operation's rows and the completed record then commit together or
@@ -75,7 +75,7 @@
 // # Outages
 //
 // While the database is down or a connection breaks, calls fail with an
-// error (never a *contract.KeyError), within their context; over HTTP,
+// error (never a *idem.KeyError), within their context; over HTTP,
 // idemhttp answers 503 store_unavailable and runs no handler. A claim
 // whose connection broke before its commit was confirmed is an error too,
 // though it may have committed: a retry then finds the key in progress
@@ -110,7 +110,7 @@
 // # Limits
 //
 // The tenant, endpoint and key are stored as text: a scope that is not
-// valid UTF-8 or holds a NUL byte is refused with contract.ErrInvalidScope. Response headers are stored as JSON, so header values that are
+// valid UTF-8 or holds a NUL byte is refused with idem.ErrInvalidScope. Response headers are stored as JSON, so header values that are
 // not valid UTF-8 come back with replacement characters. Errors from the
 // database are returned wrapped ("pgstore: claim: ..."); none repeats
 // the DSN.

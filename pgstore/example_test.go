@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/pgstore"
 )
 
@@ -24,15 +24,15 @@ func ExampleStore_InTx() {
 	}
 	defer s.Close()
 
-	sc := contract.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "3f2a9c"}
-	fp := contract.Fingerprint{} // from contract.Request.Fingerprint in real use
-	resp, replayed, err := s.InTx(ctx, sc, fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+	sc := idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "3f2a9c"}
+	fp := idem.Fingerprint{} // from idem.Request.Fingerprint in real use
+	resp, replayed, err := s.InTx(ctx, sc, fp, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 		if _, err := tx.Exec(ctx, "INSERT INTO payments (key, amount) VALUES ($1, $2)", sc.Key, 100); err != nil {
-			return contract.Response{}, err // rolled back: the key stays free
+			return idem.Response{}, err // rolled back: the key stays free
 		}
-		return contract.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, nil
+		return idem.Response{Status: 201, Body: []byte(`{"id":"pay_1"}`)}, nil
 	})
-	var ke *contract.KeyError
+	var ke *idem.KeyError
 	switch {
 	case errors.As(err, &ke):
 		fmt.Println("refused:", ke.Err, "retry after", ke.RetryAfter)

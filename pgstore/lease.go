@@ -10,10 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
-// lease is a Store's contract.Lease. Every call names the lease's token in
+// lease is a Store's idem.Lease. Every call names the lease's token in
 // its WHERE, so it changes the record only while the record is in
 // progress, unexpired and still this lease's: any other writer (a
 // take-over, a new claim after a release or after expiry) changed the
@@ -21,18 +21,18 @@ import (
 type lease struct {
 	s     *Store
 	q     querier // the pool, or the caller's transaction for ClaimTx
-	scope contract.Scope
+	scope idem.Scope
 	token []byte
 	start time.Time // when the lease was granted, for event latencies
 
 	// mu serializes the calls and guards rec.
 	mu  sync.Mutex
-	rec contract.Record // the record as this lease last wrote it
+	rec idem.Record // the record as this lease last wrote it
 }
 
-func (l *lease) Scope() contract.Scope { return l.scope }
+func (l *lease) Scope() idem.Scope { return l.scope }
 
-func (l *lease) Record() contract.Record {
+func (l *lease) Record() idem.Record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return cloneRecord(l.rec)
@@ -68,35 +68,35 @@ RETURNING ` + columns
 
 // Complete stores resp, keeping a body up to Options.MaxBodyBytes and
 // only its length and digest beyond that.
-func (l *lease) Complete(ctx context.Context, resp contract.Response) error {
+func (l *lease) Complete(ctx context.Context, resp idem.Response) error {
 	if resp.Status < 100 || resp.Status > 999 {
-		return fmt.Errorf("%w: status %d is outside 100-999", contract.ErrInvalidResponse, resp.Status)
+		return fmt.Errorf("%w: status %d is outside 100-999", idem.ErrInvalidResponse, resp.Status)
 	}
 	hdr, err := encodeHeader(resp.Header)
 	if err != nil {
-		return fmt.Errorf("%w: headers: %v", contract.ErrInvalidResponse, err)
+		return fmt.Errorf("%w: headers: %v", idem.ErrInvalidResponse, err)
 	}
-	out := contract.Record{State: contract.StateCompleted, Response: resp,
+	out := idem.Record{State: idem.StateCompleted, Response: resp,
 		BodyLen: int64(len(resp.Body)), BodyDigest: sha256.Sum256(resp.Body)}
 	out.BodyOmitted = out.BodyLen > l.s.opts.MaxBodyBytes
 	if out.BodyOmitted {
 		out.Response.Body = nil
 	}
-	return l.settle(ctx, out, contract.EventCompleted, int32(resp.Status), hdr, out.BodyDigest[:])
+	return l.settle(ctx, out, idem.EventCompleted, int32(resp.Status), hdr, out.BodyDigest[:])
 }
 
 func (l *lease) MarkUnknown(ctx context.Context) error {
-	return l.settle(ctx, contract.Record{State: contract.StateUnknown}, contract.EventUnknown, nil, nil, nil)
+	return l.settle(ctx, idem.Record{State: idem.StateUnknown}, idem.EventUnknown, nil, nil, nil)
 }
 
 func (l *lease) MarkFailed(ctx context.Context) error {
-	return l.settle(ctx, contract.Record{State: contract.StateFailed}, contract.EventFailed, nil, nil, nil)
+	return l.settle(ctx, idem.Record{State: idem.StateFailed}, idem.EventFailed, nil, nil, nil)
 }
 
 // settle moves the record out of progress into out's state, with out's
 // response and body fields; status, hdr and digest are those fields as
 // the statement takes them, nil for none.
-func (l *lease) settle(ctx context.Context, out contract.Record, e contract.Event, status, hdr any, digest []byte) error {
+func (l *lease) settle(ctx context.Context, out idem.Record, e idem.Event, status, hdr any, digest []byte) error {
 	body := out.Response.Body
 	if len(body) == 0 {
 		body = nil
@@ -130,8 +130,8 @@ func (l *lease) Release(ctx context.Context) error {
 		if tag.RowsAffected() == 0 {
 			return pgx.ErrNoRows
 		}
-		l.rec = contract.Record{Scope: l.scope, Fingerprint: l.rec.Fingerprint}
-		l.s.note(contract.EventReleased, &l.rec, l.start)
+		l.rec = idem.Record{Scope: l.scope, Fingerprint: l.rec.Fingerprint}
+		l.s.note(idem.EventReleased, &l.rec, l.start)
 		return nil
 	})
 }
@@ -166,7 +166,7 @@ func (l *lease) call(ctx context.Context, fn func(now time.Time) error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, pgx.ErrNoRows):
-		return contract.ErrLeaseLost
+		return idem.ErrLeaseLost
 	default:
 		return l.s.fail("lease", err)
 	}

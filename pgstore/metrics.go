@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 const metricsSQL = `SELECT
@@ -24,8 +24,8 @@ FROM idempotency_keys`
 // request. Engine holds idem_pg_table_bytes (the table with its indexes
 // and TOAST), the pool's connections, whether the listener is connected
 // and the offset of the database server's clock from this replica's.
-func (s *Store) Metrics(ctx context.Context) (contract.Metrics, error) {
-	var m contract.Metrics
+func (s *Store) Metrics(ctx context.Context) (idem.Metrics, error) {
+	var m idem.Metrics
 	if err := ctx.Err(); err != nil {
 		return m, err
 	}
@@ -58,7 +58,7 @@ func (s *Store) Metrics(ctx context.Context) (contract.Metrics, error) {
 	if s.listener.listenerPID() != 0 {
 		connected = 1
 	}
-	m.Engine = []contract.Figure{
+	m.Engine = []idem.Figure{
 		{Name: "idem_pg_table_bytes", Help: "Bytes of the idempotency_keys table with its indexes and TOAST.", Value: float64(tableBytes)},
 		{Name: "idem_pg_pool_acquired_conns", Help: "Pool connections in use now.", Value: float64(ps.AcquiredConns())},
 		{Name: "idem_pg_pool_total_conns", Help: "Pool connections open now.", Value: float64(ps.TotalConns())},

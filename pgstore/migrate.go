@@ -56,7 +56,7 @@ type migration struct {
 }
 
 // migrations are the schema's steps, in order. State codes are those of
-// contract.State: 1 in_progress, 2 completed, 3 failed, 4 unknown. The
+// idem.State: 1 in_progress, 2 completed, 3 failed, 4 unknown. The
 // scope's columns compare bytes (COLLATE "C"), as Go compares strings,
 // whatever the database's locale.
 var migrations = []migration{

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/pgtest"
 	"github.com/idemkv/idem/pgstore"
 )
@@ -104,7 +104,7 @@ func TestOptionsReportEveryBadField(t *testing.T) {
 		Lease: -time.Second, TTL: -time.Second, MaxBodyBytes: -1, ClockSkew: -1, ClaimWait: -1,
 		EndpointTTL: map[string]time.Duration{"POST /x": -1},
 	})
-	require.ErrorIs(t, err, contract.ErrInvalidOptions)
+	require.ErrorIs(t, err, idem.ErrInvalidOptions)
 	for _, field := range []string{"Lease", "TTL", "MaxBodyBytes", "EndpointTTL", "ClockSkew", "ClaimWait"} {
 		assert.Contains(t, err.Error(), field)
 	}
@@ -118,7 +118,7 @@ func TestOptionsTTLSpansTenLeases(t *testing.T) {
 		{Lease: time.Minute, TTL: time.Hour, EndpointTTL: map[string]time.Duration{"POST /x": 9 * time.Minute}},
 	} {
 		_, err := pgstore.Open(t.Context(), "postgres://unused", o)
-		require.ErrorIs(t, err, contract.ErrInvalidOptions)
+		require.ErrorIs(t, err, idem.ErrInvalidOptions)
 		assert.Contains(t, err.Error(), "at least 10 leases")
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // listPage is how many records Records reads per query. Between pages it
@@ -24,17 +24,17 @@ WHERE (tenant, endpoint, idem_key) > ($1, $2, $3)
 ORDER BY tenant, endpoint, idem_key
 LIMIT $10`
 
-// Records returns the records f selects, as contract.Operator.Records
+// Records returns the records f selects, as idem.Operator.Records
 // says, ordered by tenant, endpoint and key, byte by byte. Bodies over 64 KiB are left
 // out (Body nil, BodyLen set); Get returns them. The listing is read a
 // page at a time, so it is not one snapshot: a record changed during the
 // loop may be seen before or after the change.
-func (s *Store) Records(ctx context.Context, f contract.Filter) iter.Seq2[*contract.Record, error] {
-	return func(yield func(*contract.Record, error) bool) {
+func (s *Store) Records(ctx context.Context, f idem.Filter) iter.Seq2[*idem.Record, error] {
+	return func(yield func(*idem.Record, error) bool) {
 		// Each page starts after the last scope of the one before. Every
 		// scope sorts after the zero Scope, which cannot be stored: its key
 		// is empty.
-		var after contract.Scope
+		var after idem.Scope
 		for {
 			if err := ctx.Err(); err != nil {
 				yield(nil, err)
@@ -57,7 +57,7 @@ func (s *Store) Records(ctx context.Context, f contract.Filter) iter.Seq2[*contr
 				yield(nil, s.fail("records", err))
 				return
 			}
-			var page []*contract.Record
+			var page []*idem.Record
 			for rows.Next() {
 				r, err := scanRecord(rows)
 				if err != nil {
@@ -92,7 +92,7 @@ LIMIT $2`
 
 // Overdue returns up to limit in-progress records whose lease has run out
 // (limit <= 0: all), oldest lease first.
-func (s *Store) Overdue(ctx context.Context, limit int) ([]*contract.Record, error) {
+func (s *Store) Overdue(ctx context.Context, limit int) ([]*idem.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -108,7 +108,7 @@ func (s *Store) Overdue(ctx context.Context, limit int) ([]*contract.Record, err
 		return nil, s.fail("overdue", err)
 	}
 	defer rows.Close()
-	var out []*contract.Record
+	var out []*idem.Record
 	for rows.Next() {
 		r, err := scanRecord(rows)
 		if err != nil {
@@ -136,8 +136,8 @@ WITH u AS (
 SELECT u.*, CASE WHEN u.waiting THEN pg_notify($7, $8) END FROM u`
 
 // TakeOver gives the caller a new lease on a stuck record, as
-// contract.Operator.TakeOver says.
-func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease, error) {
+// idem.Operator.TakeOver says.
+func (s *Store) TakeOver(ctx context.Context, sc idem.Scope) (idem.Lease, error) {
 	if err := validate(sc); err != nil {
 		return nil, err
 	}
@@ -153,7 +153,7 @@ func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease
 		r, err := scanRecord(s.pool.QueryRow(ctx, takeOverSQL, sc.Tenant, sc.Endpoint, sc.Key, token, now,
 			s.leaseEnd(now), notifyChannel, scopeTag(sc)), new(bool), nil)
 		if err == nil {
-			s.note(contract.EventTakenOver, &r.rec, time.Time{})
+			s.note(idem.EventTakenOver, &r.rec, time.Time{})
 			return &lease{s: s, q: s.pool, scope: sc, token: r.token, start: now, rec: r.rec}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -163,13 +163,13 @@ func (s *Store) TakeOver(ctx context.Context, sc contract.Scope) (contract.Lease
 		r, err = scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
-			return nil, contract.ErrNotFound
+			return nil, idem.ErrNotFound
 		case err != nil:
 			return nil, s.fail("take-over", err)
-		case r.rec.State == contract.StateCompleted:
-			return nil, fmt.Errorf("%w (tenant %q, endpoint %q)", contract.ErrCompleted, sc.Tenant, sc.Endpoint)
-		case r.rec.State == contract.StateInProgress && now.Before(r.rec.LeaseUntil):
-			return nil, &contract.KeyError{Err: contract.ErrInProgress, State: r.rec.State,
+		case r.rec.State == idem.StateCompleted:
+			return nil, fmt.Errorf("%w (tenant %q, endpoint %q)", idem.ErrCompleted, sc.Tenant, sc.Endpoint)
+		case r.rec.State == idem.StateInProgress && now.Before(r.rec.LeaseUntil):
+			return nil, &idem.KeyError{Err: idem.ErrInProgress, State: r.rec.State,
 				RetryAfter: r.rec.LeaseUntil.Sub(now), Tenant: sc.Tenant, Endpoint: sc.Endpoint}
 		}
 		// The record became stuck between the two statements: try again.
@@ -207,8 +207,8 @@ WHERE state = 1 AND lease_until <= $1 AND expires_at > $1`
 // Overdue counts the records this call took; a reconciler's error leaves
 // its record to come due again one lease later. Without a reconciler the
 // overdue records are only counted.
-func (s *Store) Reconcile(ctx context.Context) (contract.ReconcileResult, error) {
-	var res contract.ReconcileResult
+func (s *Store) Reconcile(ctx context.Context) (idem.ReconcileResult, error) {
+	var res idem.ReconcileResult
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -245,12 +245,12 @@ func (s *Store) Reconcile(ctx context.Context) (contract.ReconcileResult, error)
 		rec := l.Record()
 		if err := s.opts.Reconcile(ctx, l); err != nil {
 			s.opts.Logger.Warn("pgstore: reconciler failed", "tenant", rec.Scope.Tenant,
-				"endpoint", rec.Scope.Endpoint, "key_hash", contract.KeyHash(rec.Scope.Key), "err", err)
+				"endpoint", rec.Scope.Endpoint, "key_hash", idem.KeyHash(rec.Scope.Key), "err", err)
 			continue
 		}
-		if after := l.Record(); after.State != contract.StateInProgress {
+		if after := l.Record(); after.State != idem.StateInProgress {
 			res.Resolved++
-			s.note(contract.EventReconciled, &after, l.start)
+			s.note(idem.EventReconciled, &after, l.start)
 		}
 	}
 }
@@ -284,6 +284,6 @@ func (s *Store) takeOverdue(ctx context.Context, pass time.Time) (*lease, error)
 	if err != nil {
 		return nil, err
 	}
-	s.note(contract.EventTakenOver, &out.rec, time.Time{})
+	s.note(idem.EventTakenOver, &out.rec, time.Time{})
 	return out, nil
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
 	"github.com/idemkv/idem/pgstore"
@@ -24,7 +24,7 @@ func TestReplicasReconcileEachRecordOnce(t *testing.T) {
 		mu      sync.Mutex
 		handled = map[string]int{}
 	)
-	reconcile := func(ctx context.Context, l contract.Lease) error {
+	reconcile := func(ctx context.Context, l idem.Lease) error {
 		mu.Lock()
 		handled[l.Scope().Key]++
 		mu.Unlock()
@@ -40,7 +40,7 @@ func TestReplicasReconcileEachRecordOnce(t *testing.T) {
 	}
 	clock.Advance(lease)
 
-	results := make([]contract.ReconcileResult, 4)
+	results := make([]idem.ReconcileResult, 4)
 	var wg sync.WaitGroup
 	for i := range results {
 		store := a
@@ -104,16 +104,16 @@ func TestSweepBatchesAndTakesTurns(t *testing.T) {
 	_, err = conn.Exec(t.Context(), "SELECT pg_advisory_unlock($1)", pgstore.LockSweep)
 	require.NoError(t, err)
 
-	var steps []contract.CompactProgress
-	res, err = s.Compact(t.Context(), func(p contract.CompactProgress) { steps = append(steps, p) })
+	var steps []idem.CompactProgress
+	res, err = s.Compact(t.Context(), func(p idem.CompactProgress) { steps = append(steps, p) })
 	require.NoError(t, err)
 	assert.Equal(t, n+1, res.Records)
 	assert.Positive(t, res.Bytes)
 	require.NotEmpty(t, steps)
-	assert.Equal(t, contract.CompactProgress{Phase: "sweep", Done: n + 1, Total: n + 1}, steps[len(steps)-1])
+	assert.Equal(t, idem.CompactProgress{Phase: "sweep", Done: n + 1, Total: n + 1}, steps[len(steps)-1])
 	m, err := s.Metrics(t.Context())
 	require.NoError(t, err)
-	assert.Equal(t, int64(n+1), m.Events[contract.EventSwept])
+	assert.Equal(t, int64(n+1), m.Events[idem.EventSwept])
 	assert.Equal(t, res.Bytes, m.BytesReclaimed)
 	assert.Zero(t, m.Expired)
 	assert.Equal(t, int64(1), m.InProgress, "the unexpired claim is kept")
@@ -135,7 +135,7 @@ func TestRecordsPages(t *testing.T) {
 		require.NoError(t, err)
 	}
 	var got []string
-	for rec, err := range s.Records(t.Context(), contract.Filter{Tenant: "acme"}) {
+	for rec, err := range s.Records(t.Context(), idem.Filter{Tenant: "acme"}) {
 		require.NoError(t, err)
 		got = append(got, rec.Scope.Key)
 		if len(got) == n/2 {

@@ -8,7 +8,7 @@ import (
 	"maps"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // Options configure a Store. A nil *Options selects every default, and
@@ -31,7 +31,7 @@ type Options struct {
 	Lease time.Duration
 
 	// TTL is how long a record is kept after it is claimed. It must be
-	// at least contract.MinTTLLeases leases long. Default: 24 hours.
+	// at least idem.MinTTLLeases leases long. Default: 24 hours.
 	TTL time.Duration
 
 	// ClaimWait bounds how long a claim waits for another transaction
@@ -55,9 +55,9 @@ type Options struct {
 	// and record it (Complete, MarkFailed, MarkUnknown) or Release the
 	// key. An error leaves the record for a later pass. Default: none;
 	// overdue records are only counted.
-	Reconcile func(ctx context.Context, l contract.Lease) error
+	Reconcile func(ctx context.Context, l idem.Lease) error
 
-	// Events, when set, gets one Info line per event (contract.LogEvent).
+	// Events, when set, gets one Info line per event (idem.LogEvent).
 	// Default: none.
 	Events *slog.Logger
 
@@ -89,7 +89,7 @@ const maxBodyLimit = 256 << 20
 
 // withDefaults validates o and returns a copy with the defaults filled
 // in. Its error lists every bad field and matches
-// contract.ErrInvalidOptions.
+// idem.ErrInvalidOptions.
 func (o *Options) withDefaults() (Options, error) {
 	var c Options
 	if o != nil {
@@ -117,12 +117,12 @@ func (o *Options) withDefaults() (Options, error) {
 
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: pgstore: "+format, append([]any{contract.ErrInvalidOptions}, args...)...))
+		errs = append(errs, fmt.Errorf("%w: pgstore: "+format, append([]any{idem.ErrInvalidOptions}, args...)...))
 	}
 	if c.Lease < 0 {
 		bad("Lease %s is negative", c.Lease)
 	}
-	if err := contract.CheckTTLs(c.TTL, c.EndpointTTL, c.Lease); err != nil {
+	if err := idem.CheckTTLs(c.TTL, c.EndpointTTL, c.Lease); err != nil {
 		errs = append(errs, err)
 	}
 	if c.ClockSkew < 0 {

@@ -22,10 +22,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
-// Store is a contract.Operator on a PostgreSQL table that many replicas
+// Store is a idem.Operator on a PostgreSQL table that many replicas
 // share. Open returns one; it is safe for concurrent use. Records it
 // returns are copies the caller owns.
 type Store struct {
@@ -34,7 +34,7 @@ type Store struct {
 	pool        *pgxpool.Pool
 	listener    *listener
 
-	tally     contract.Tally
+	tally     idem.Tally
 	reclaimed atomic.Int64 // bytes of the records swept since Open
 	met       atomic.Int32 // see insertFirst
 
@@ -44,7 +44,7 @@ type Store struct {
 	closeErr  error
 }
 
-var _ contract.Operator = (*Store)(nil)
+var _ idem.Operator = (*Store)(nil)
 
 // querier runs statements: the pool, or one transaction.
 type querier interface {
@@ -133,7 +133,7 @@ func (s *Store) Close() error {
 // enter reports ErrClosed once Close has run.
 func (s *Store) enter() error {
 	if s.closed.Load() {
-		return contract.ErrClosed
+		return idem.ErrClosed
 	}
 	return nil
 }
@@ -142,7 +142,7 @@ func (s *Store) enter() error {
 // ran meanwhile reports ErrClosed.
 func (s *Store) fail(op string, err error) error {
 	if s.closed.Load() {
-		return contract.ErrClosed
+		return idem.ErrClosed
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
@@ -167,15 +167,15 @@ func scrub(err error) error {
 	return err
 }
 
-// validate checks sc as contract.Scope.Validate does, and that its parts
+// validate checks sc as idem.Scope.Validate does, and that its parts
 // can be stored as PostgreSQL text: valid UTF-8 without NUL bytes.
-func validate(sc contract.Scope) error {
+func validate(sc idem.Scope) error {
 	if err := sc.Validate(); err != nil {
 		return err
 	}
 	for _, part := range []string{sc.Tenant, sc.Endpoint, sc.Key} {
 		if !utf8.ValidString(part) || strings.IndexByte(part, 0) >= 0 {
-			return fmt.Errorf("%w: pgstore keeps scopes as text: valid UTF-8 without NUL bytes", contract.ErrInvalidScope)
+			return fmt.Errorf("%w: pgstore keeps scopes as text: valid UTF-8 without NUL bytes", idem.ErrInvalidScope)
 		}
 	}
 	return nil
@@ -206,7 +206,7 @@ func (s *Store) expiry(now time.Time, endpoint string) time.Time {
 
 // note counts e and logs it when Options.Events is set. start is when the
 // lease began, or zero when there is no latency to report.
-func (s *Store) note(e contract.Event, rec *contract.Record, start time.Time) {
+func (s *Store) note(e idem.Event, rec *idem.Record, start time.Time) {
 	s.tally.Add(e)
 	if s.opts.Events == nil {
 		return
@@ -215,7 +215,7 @@ func (s *Store) note(e contract.Event, rec *contract.Record, start time.Time) {
 	if !start.IsZero() {
 		latency = s.opts.Now().Sub(start)
 	}
-	contract.LogEvent(s.opts.Events, e, rec.Scope, rec, latency)
+	idem.LogEvent(s.opts.Events, e, rec.Scope, rec, latency)
 }
 
 // notifyChannel is the channel that ends of a lease are announced on; the
@@ -224,7 +224,7 @@ const notifyChannel = "idem_keys"
 
 // scopeTag is a short digest of s that names it in notifications. The
 // parts are length-prefixed so that distinct scopes get distinct tags.
-func scopeTag(s contract.Scope) string {
+func scopeTag(s idem.Scope) string {
 	h := sha256.New()
 	for _, part := range []string{s.Tenant, s.Endpoint, s.Key} {
 		h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(part))))
@@ -253,7 +253,7 @@ const listColumns = `tenant, endpoint, idem_key, fingerprint, state, response_st
 
 // row is one scanned record and its lease token.
 type row struct {
-	rec   contract.Record
+	rec   idem.Record
 	token []byte
 }
 
@@ -276,17 +276,17 @@ func scanRecord(r pgx.Row, extra ...any) (*row, error) {
 		return nil, err
 	}
 	if len(fp) != len(out.rec.Fingerprint) {
-		return nil, fmt.Errorf("%w: fingerprint of %d bytes", contract.ErrCorrupt, len(fp))
+		return nil, fmt.Errorf("%w: fingerprint of %d bytes", idem.ErrCorrupt, len(fp))
 	}
 	copy(out.rec.Fingerprint[:], fp)
 	copy(out.rec.BodyDigest[:], digest)
-	out.rec.State = contract.State(state)
+	out.rec.State = idem.State(state)
 	if status != nil {
 		out.rec.Response.Status = int(*status)
 	}
 	if len(hdr) > 0 {
 		if err := json.Unmarshal(hdr, &out.rec.Response.Header); err != nil {
-			return nil, fmt.Errorf("%w: response headers: %v", contract.ErrCorrupt, err)
+			return nil, fmt.Errorf("%w: response headers: %v", idem.ErrCorrupt, err)
 		}
 		if len(out.rec.Response.Header) == 0 {
 			out.rec.Response.Header = nil
@@ -302,7 +302,7 @@ func scanRecord(r pgx.Row, extra ...any) (*row, error) {
 }
 
 // cloneRecord copies rec with its own header and body.
-func cloneRecord(rec contract.Record) contract.Record {
+func cloneRecord(rec idem.Record) idem.Record {
 	if len(rec.Response.Header) > 0 {
 		rec.Response.Header = rec.Response.Header.Clone()
 	} else {
@@ -411,12 +411,12 @@ const lockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
 // sqlLockNotAvailable is the SQLSTATE of a lock wait past lock_timeout.
 const sqlLockNotAvailable = "55P03"
 
-// Claim tries to take the key in s, as contract.Store.Claim says. While
+// Claim tries to take the key in s, as idem.Store.Claim says. While
 // a transaction that claimed the same key (ClaimTx, InTx) is still open,
 // Claim waits for it to end, at most Options.ClaimWait: then it gets the
 // replay if that transaction completed the key, the key if it rolled
 // back, and ErrInProgress if it is still open.
-func (s *Store) Claim(ctx context.Context, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+func (s *Store) Claim(ctx context.Context, sc idem.Scope, fp idem.Fingerprint) (idem.Lease, *idem.Record, error) {
 	l, rec, err := s.claim(ctx, nil, sc, fp)
 	if l == nil {
 		return nil, rec, err // not a nil *lease in a non-nil interface
@@ -426,7 +426,7 @@ func (s *Store) Claim(ctx context.Context, sc contract.Scope, fp contract.Finger
 
 // claim claims sc in tx, the caller's transaction, or on the pool when tx
 // is nil. The lease it grants runs on the same.
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp contract.Fingerprint) (*lease, *contract.Record, error) {
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc idem.Scope, fp idem.Fingerprint) (*lease, *idem.Record, error) {
 	var q querier = s.pool
 	if tx != nil {
 		q = tx
@@ -456,8 +456,8 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 				return nil, nil, s.fail("claim", err)
 			}
 		}
-		l := &lease{s: s, q: q, scope: sc, token: newToken(), start: now, rec: contract.Record{
-			Scope: sc, Fingerprint: fp, State: contract.StateInProgress, Attempts: 1,
+		l := &lease{s: s, q: q, scope: sc, token: newToken(), start: now, rec: idem.Record{
+			Scope: sc, Fingerprint: fp, State: idem.StateInProgress, Attempts: 1,
 			LeaseUntil: s.leaseEnd(now), CreatedAt: now, UpdatedAt: now, ExpiresAt: s.expiry(now, sc.Endpoint)}}
 		args := []any{sc.Tenant, sc.Endpoint, sc.Key, fp[:], l.token, l.rec.LeaseUntil, now, l.rec.ExpiresAt, s.lockTimeout}
 		var err error
@@ -473,15 +473,15 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp cont
 			if tx == nil {
 				s.noteMet(false)
 			}
-			s.note(contract.EventClaimed, &l.rec, time.Time{})
+			s.note(idem.EventClaimed, &l.rec, time.Time{})
 			return l, nil, nil
 		}
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == sqlLockNotAvailable {
 			// Another transaction holds the key and did not end in time.
-			rec := &contract.Record{Scope: sc, State: contract.StateInProgress}
-			s.note(contract.EventConflict, rec, time.Time{})
-			return nil, nil, &contract.KeyError{Err: contract.ErrInProgress, State: contract.StateInProgress,
+			rec := &idem.Record{Scope: sc, State: idem.StateInProgress}
+			s.note(idem.EventConflict, rec, time.Time{})
+			return nil, nil, &idem.KeyError{Err: idem.ErrInProgress, State: idem.StateInProgress,
 				RetryAfter: time.Second, Tenant: sc.Tenant, Endpoint: sc.Endpoint}
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -536,26 +536,26 @@ func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any) error 
 // answer decides what a claim of the live record rec gets. The
 // fingerprint comes first: a key reused for another request is refused
 // for good, whatever state the first request is in.
-func (s *Store) answer(rec *contract.Record, fp contract.Fingerprint, now time.Time) (*contract.Record, error) {
-	refuse := func(e contract.Event, err error, retry time.Duration) error {
+func (s *Store) answer(rec *idem.Record, fp idem.Fingerprint, now time.Time) (*idem.Record, error) {
+	refuse := func(e idem.Event, err error, retry time.Duration) error {
 		s.note(e, rec, time.Time{})
-		return &contract.KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: rec.Scope.Tenant, Endpoint: rec.Scope.Endpoint}
+		return &idem.KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: rec.Scope.Tenant, Endpoint: rec.Scope.Endpoint}
 	}
 	switch {
 	case rec.Fingerprint != fp:
-		return nil, refuse(contract.EventMismatch, contract.ErrFingerprintMismatch, 0)
-	case rec.State == contract.StateCompleted:
-		s.note(contract.EventReplayed, rec, time.Time{})
+		return nil, refuse(idem.EventMismatch, idem.ErrFingerprintMismatch, 0)
+	case rec.State == idem.StateCompleted:
+		s.note(idem.EventReplayed, rec, time.Time{})
 		return rec, nil
-	case rec.State == contract.StateInProgress && now.Before(rec.LeaseUntil):
-		return nil, refuse(contract.EventConflict, contract.ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
+	case rec.State == idem.StateInProgress && now.Before(rec.LeaseUntil):
+		return nil, refuse(idem.EventConflict, idem.ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
 	default:
-		return nil, refuse(contract.EventPending, contract.ErrOutcomePending, 0)
+		return nil, refuse(idem.EventPending, idem.ErrOutcomePending, 0)
 	}
 }
 
-// Get returns the live record for s, as contract.Store.Get says.
-func (s *Store) Get(ctx context.Context, sc contract.Scope) (*contract.Record, error) {
+// Get returns the live record for s, as idem.Store.Get says.
+func (s *Store) Get(ctx context.Context, sc idem.Scope) (*idem.Record, error) {
 	if err := validate(sc); err != nil {
 		return nil, err
 	}
@@ -567,7 +567,7 @@ func (s *Store) Get(ctx context.Context, sc contract.Scope) (*contract.Record, e
 	}
 	r, err := scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, s.now()))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, contract.ErrNotFound
+		return nil, idem.ErrNotFound
 	}
 	if err != nil {
 		return nil, s.fail("get", err)

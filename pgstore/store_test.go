@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
@@ -42,7 +42,7 @@ func open(t *testing.T, dsn string, opts *pgstore.Options) *pgstore.Store {
 func TestConformance(t *testing.T) {
 	for _, first := range []bool{true, false} {
 		t.Run(claimOrder(first), func(t *testing.T) {
-			idemtest.TestStore(t, func(t *testing.T, now func() time.Time) contract.Store {
+			idemtest.TestStore(t, func(t *testing.T, now func() time.Time) idem.Store {
 				s := open(t, pgtest.DSN(t), &pgstore.Options{Now: now})
 				pgstore.SetInsertFirst(s, first)
 				return s
@@ -65,7 +65,7 @@ func TestClaimOrderFollowsWorkload(t *testing.T) {
 	require.True(t, pgstore.InsertFirst(s), "a new store expects new keys")
 	l, _, err := s.Claim(t.Context(), scope("done"), fp)
 	require.NoError(t, err)
-	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 201, Body: []byte("ok")}))
+	require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 201, Body: []byte("ok")}))
 	for i := range 80 {
 		_, rec, err := s.Claim(t.Context(), scope("done"), fp)
 		require.NoError(t, err)
@@ -108,7 +108,7 @@ func TestReplicasOneWinner(t *testing.T) {
 			case err == nil:
 				t.Errorf("a replay (%v) of a key nobody completed", rec)
 			default:
-				assert.ErrorIs(t, err, contract.ErrInProgress)
+				assert.ErrorIs(t, err, idem.ErrInProgress)
 			}
 		}()
 	}
@@ -126,7 +126,7 @@ func TestClaimOrderIsTheStatements(t *testing.T) {
 	done := scope("done")
 	l, _, err := s.Claim(t.Context(), done, fp)
 	require.NoError(t, err)
-	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+	require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200}))
 
 	conn, err := pgx.Connect(t.Context(), dsn)
 	require.NoError(t, err)
@@ -161,14 +161,14 @@ func TestClaimOfLiveRecordWritesNothing(t *testing.T) {
 	done, held := scope("done"), scope("held")
 	l, _, err := s.Claim(t.Context(), done, fp)
 	require.NoError(t, err)
-	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+	require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200}))
 	_, _, err = s.Claim(t.Context(), held, fp)
 	require.NoError(t, err)
 
 	conn, err := pgx.Connect(t.Context(), dsn)
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
-	version := func(sc contract.Scope) (v string) {
+	version := func(sc idem.Scope) (v string) {
 		require.NoError(t, conn.QueryRow(t.Context(), `SELECT ctid::text || '/' || xmin::text || '/' || xmax::text
 			FROM idempotency_keys WHERE idem_key = $1`, sc.Key).Scan(&v))
 		return v
@@ -181,7 +181,7 @@ func TestClaimOfLiveRecordWritesNothing(t *testing.T) {
 		require.NotNil(t, rec)
 		pgstore.SetInsertFirst(s, first)
 		_, _, err = s.Claim(t.Context(), held, fp)
-		require.ErrorIs(t, err, contract.ErrInProgress)
+		require.ErrorIs(t, err, idem.ErrInProgress)
 		assert.Equal(t, before, []string{version(done), version(held)}, claimOrder(first))
 	}
 }
@@ -191,19 +191,19 @@ func TestEventsAreLogged(t *testing.T) {
 	s := open(t, pgtest.DSN(t), &pgstore.Options{Events: slog.New(slog.NewTextHandler(&out, nil))})
 	l, _, err := s.Claim(t.Context(), scope("secret-key"), fp)
 	require.NoError(t, err)
-	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 201}))
+	require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 201}))
 	_, rec, err := s.Claim(t.Context(), scope("secret-key"), fp)
 	require.NoError(t, err)
 	require.NotNil(t, rec)
 	logged := out.String()
-	for _, e := range []contract.Event{contract.EventClaimed, contract.EventCompleted, contract.EventReplayed} {
+	for _, e := range []idem.Event{idem.EventClaimed, idem.EventCompleted, idem.EventReplayed} {
 		assert.Contains(t, logged, "event="+e.String())
 	}
-	assert.Contains(t, logged, "key_hash="+contract.KeyHash("secret-key"))
+	assert.Contains(t, logged, "key_hash="+idem.KeyHash("secret-key"))
 	assert.NotContains(t, logged, "secret-key")
 	m, err := s.Metrics(t.Context())
 	require.NoError(t, err)
-	assert.Equal(t, int64(1), m.Events[contract.EventReplayed])
+	assert.Equal(t, int64(1), m.Events[idem.EventReplayed])
 }
 
 // quiet are options that keep the listener's reconnection warnings out of
@@ -226,7 +226,7 @@ func (c *counted) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // middleware serves h behind idemhttp on s.
-func middleware(t *testing.T, s contract.Store, h http.Handler) http.Handler {
+func middleware(t *testing.T, s idem.Store, h http.Handler) http.Handler {
 	t.Helper()
 	mw, err := idemhttp.New(idemhttp.Options{Store: s, Logger: slog.New(slog.DiscardHandler),
 		Tenant: func(*http.Request) (string, error) { return "acme", nil }})
@@ -249,7 +249,7 @@ func post(h http.Handler, key string) *httptest.ResponseRecorder {
 func assertStoreUnavailable(t *testing.T, err error, secrets ...string) {
 	t.Helper()
 	require.Error(t, err)
-	var ke *contract.KeyError
+	var ke *idem.KeyError
 	assert.False(t, errors.As(err, &ke), "a store failure reported as a refusal: %v", err)
 	for _, s := range secrets {
 		assert.NotContains(t, err.Error(), s)
@@ -283,13 +283,13 @@ func TestOutageServerRestart(t *testing.T) {
 	assertStoreUnavailable(t, s.Ping(ctx), password)
 	w := post(srv, "during")
 	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
-	assert.Contains(t, w.Body.String(), contract.CodeStoreUnavailable)
+	assert.Contains(t, w.Body.String(), idem.CodeStoreUnavailable)
 	assert.Equal(t, int64(1), h.runs.Load(), "the handler ran while the store was down")
 
 	pgtest.Start(t)
 	for _, k := range []string{"down", "during"} {
-		_, err := s.Get(t.Context(), contract.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: k})
-		require.ErrorIs(t, err, contract.ErrNotFound, "a failed claim left a record")
+		_, err := s.Get(t.Context(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: k})
+		require.ErrorIs(t, err, idem.ErrNotFound, "a failed claim left a record")
 	}
 	w = post(srv, "during")
 	assert.Equal(t, http.StatusCreated, w.Code, w.Body.String())
@@ -304,7 +304,7 @@ func TestOutageServerRestart(t *testing.T) {
 	l, _, err = s.Claim(t.Context(), scope("after"), fp)
 	require.NoError(t, err)
 	woke := waitOn(t, s, scope("after"))
-	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+	require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200}))
 	within(t, woke, wakeBound)
 }
 
@@ -329,7 +329,7 @@ func TestOutageConnectionsTerminated(t *testing.T) {
 	for i := range 4 {
 		l, _, err := s.Claim(t.Context(), scope(fmt.Sprint("warm", i)), fp)
 		require.NoError(t, err)
-		require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+		require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200}))
 	}
 	require.Positive(t, terminate(t, look, "application_name LIKE 'idem-pgstore%'"))
 
@@ -341,10 +341,10 @@ func TestOutageConnectionsTerminated(t *testing.T) {
 			assertStoreUnavailable(t, err)
 			t.Logf("a claim on a cut connection: %v", err)
 			_, err = s.Get(t.Context(), sc)
-			require.ErrorIs(t, err, contract.ErrNotFound, "a failed claim left a record")
+			require.ErrorIs(t, err, idem.ErrNotFound, "a failed claim left a record")
 			continue
 		}
-		require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+		require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200}))
 		served = true
 		break
 	}
@@ -357,7 +357,7 @@ func TestOutageConnectionsTerminated(t *testing.T) {
 func TestOutageClaimCutMidStatement(t *testing.T) {
 	e := newTxEnv(t, nil)
 	tx := e.begin(t)
-	_, _, err := e.a.ClaimTx(t.Context(), tx, contract.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "k"}, fp)
+	_, _, err := e.a.ClaimTx(t.Context(), tx, idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "k"}, fp)
 	require.NoError(t, err)
 
 	h := &counted{}
@@ -374,7 +374,7 @@ func TestOutageClaimCutMidStatement(t *testing.T) {
 		t.Fatalf("no answer within %s", wakeBound)
 	}
 	assert.Equal(t, http.StatusServiceUnavailable, w.Code, w.Body.String())
-	assert.Contains(t, w.Body.String(), contract.CodeStoreUnavailable)
+	assert.Contains(t, w.Body.String(), idem.CodeStoreUnavailable)
 	assert.Zero(t, h.runs.Load())
 
 	require.NoError(t, tx.Rollback(t.Context()))

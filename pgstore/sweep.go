@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // sweepBatch bounds the rows one sweep statement deletes, so no statement
@@ -33,19 +33,19 @@ RETURNING tenant, endpoint, idem_key, fingerprint, state, coalesce(response_stat
 // replica sweeping (it holds the sweep advisory lock) returns at once
 // with nothing done. Bytes are the bytes of the deleted scopes, headers
 // and bodies.
-func (s *Store) Sweep(ctx context.Context) (contract.SweepResult, error) {
+func (s *Store) Sweep(ctx context.Context) (idem.SweepResult, error) {
 	return s.sweep(ctx, nil)
 }
 
 // Compact is Sweep: PostgreSQL's autovacuum gives the space of deleted
 // rows back to the table, and there is nothing else to compact. progress,
 // when not nil, hears of the sweep phase after each batch.
-func (s *Store) Compact(ctx context.Context, progress func(contract.CompactProgress)) (contract.SweepResult, error) {
+func (s *Store) Compact(ctx context.Context, progress func(idem.CompactProgress)) (idem.SweepResult, error) {
 	return s.sweep(ctx, progress)
 }
 
-func (s *Store) sweep(ctx context.Context, progress func(contract.CompactProgress)) (contract.SweepResult, error) {
-	var res contract.SweepResult
+func (s *Store) sweep(ctx context.Context, progress func(idem.CompactProgress)) (idem.SweepResult, error) {
+	var res idem.SweepResult
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
@@ -77,7 +77,7 @@ func (s *Store) sweep(ctx context.Context, progress func(contract.CompactProgres
 		if err := conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE expires_at <= $1", now).Scan(&total); err != nil {
 			return res, s.fail("sweep", err)
 		}
-		progress(contract.CompactProgress{Phase: "sweep", Total: total})
+		progress(idem.CompactProgress{Phase: "sweep", Total: total})
 	}
 	for {
 		if err := ctx.Err(); err != nil {
@@ -90,11 +90,11 @@ func (s *Store) sweep(ctx context.Context, progress func(contract.CompactProgres
 		// The batch's deletions commit when its statement ends, so its
 		// records are counted and logged only then: a Metrics in between
 		// must not count a record as swept and as expired at once.
-		var swept []contract.Record
+		var swept []idem.Record
 		var bytes int64
 		for rows.Next() {
 			var (
-				rec           contract.Record
+				rec           idem.Record
 				fp            []byte
 				state         int16
 				status, tries int32
@@ -105,7 +105,7 @@ func (s *Store) sweep(ctx context.Context, progress func(contract.CompactProgres
 				return res, s.fail("sweep", err)
 			}
 			copy(rec.Fingerprint[:], fp)
-			rec.State, rec.Response.Status, rec.Attempts = contract.State(state), int(status), uint32(tries)
+			rec.State, rec.Response.Status, rec.Attempts = idem.State(state), int(status), uint32(tries)
 			swept = append(swept, rec)
 			bytes += size
 		}
@@ -118,10 +118,10 @@ func (s *Store) sweep(ctx context.Context, progress func(contract.CompactProgres
 		res.Bytes += bytes
 		s.reclaimed.Add(bytes)
 		for i := range swept {
-			s.note(contract.EventSwept, &swept[i], time.Time{})
+			s.note(idem.EventSwept, &swept[i], time.Time{})
 		}
 		if progress != nil {
-			progress(contract.CompactProgress{Phase: "sweep", Done: int64(res.Records), Total: max(total, int64(res.Records))})
+			progress(idem.CompactProgress{Phase: "sweep", Done: int64(res.Records), Total: max(total, int64(res.Records))})
 		}
 		if n < sweepBatch {
 			return res, nil

@@ -6,13 +6,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // ClaimTx claims the key in sc inside tx, a transaction the caller began
 // on the store's database, so that the operation's own writes and its
 // outcome commit together. It answers as Claim does: a lease when the key
-// is the caller's, the record to replay, or a *contract.KeyError; exactly
+// is the caller's, the record to replay, or a *idem.KeyError; exactly
 // one of them is non-nil.
 //
 // The lease's calls run on tx, and nothing the claim and the lease write
@@ -44,7 +44,7 @@ import (
 // repeatable read or serializable, a key that another transaction
 // committed after tx took its snapshot is a serialization failure
 // (SQLSTATE 40001, in a *pgconn.PgError): roll back and start over.
-func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp contract.Fingerprint) (contract.Lease, *contract.Record, error) {
+func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, sc idem.Scope, fp idem.Fingerprint) (idem.Lease, *idem.Record, error) {
 	if tx == nil {
 		return nil, nil, errors.New("pgstore: ClaimTx needs a transaction")
 	}
@@ -63,13 +63,13 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp co
 //
 //   - returns the stored response with replayed set when the key was
 //     completed with the same fingerprint, without running fn;
-//   - returns the *contract.KeyError of a refused claim, or any store
+//   - returns the *idem.KeyError of a refused claim, or any store
 //     error, without running fn;
 //   - otherwise runs fn with the transaction, in which fn writes the
 //     operation's rows. When fn returns a nil error, its response is
 //     completed in the transaction, the transaction commits, and the
 //     response is returned. When fn returns an error or panics, or its
-//     response cannot be stored (contract.ErrInvalidResponse), the
+//     response cannot be stored (idem.ErrInvalidResponse), the
 //     transaction rolls back, the key stays free and the error is
 //     returned (the panic raised again).
 //
@@ -79,20 +79,20 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, sc contract.Scope, fp co
 // runs fn again. fn must not commit or roll back the transaction, nor
 // keep it after it returns. See ClaimTx for what concurrent claims of
 // the key see meanwhile.
-func (s *Store) InTx(ctx context.Context, sc contract.Scope, fp contract.Fingerprint,
-	fn func(ctx context.Context, tx pgx.Tx) (contract.Response, error)) (resp contract.Response, replayed bool, err error) {
+func (s *Store) InTx(ctx context.Context, sc idem.Scope, fp idem.Fingerprint,
+	fn func(ctx context.Context, tx pgx.Tx) (idem.Response, error)) (resp idem.Response, replayed bool, err error) {
 	if err := validate(sc); err != nil {
-		return contract.Response{}, false, err
+		return idem.Response{}, false, err
 	}
 	if err := ctx.Err(); err != nil {
-		return contract.Response{}, false, err
+		return idem.Response{}, false, err
 	}
 	if err := s.enter(); err != nil {
-		return contract.Response{}, false, err
+		return idem.Response{}, false, err
 	}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return contract.Response{}, false, s.fail("begin", err)
+		return idem.Response{}, false, s.fail("begin", err)
 	}
 	// After a commit the rollback does nothing; otherwise it undoes the
 	// claim and fn's writes, whatever returned or panicked.
@@ -100,19 +100,19 @@ func (s *Store) InTx(ctx context.Context, sc contract.Scope, fp contract.Fingerp
 	l, rec, err := s.ClaimTx(ctx, tx, sc, fp)
 	switch {
 	case err != nil:
-		return contract.Response{}, false, err
+		return idem.Response{}, false, err
 	case rec != nil:
 		return rec.Response, true, nil
 	}
 	resp, err = fn(ctx, tx)
 	if err != nil {
-		return contract.Response{}, false, err
+		return idem.Response{}, false, err
 	}
 	if err := l.Complete(ctx, resp); err != nil {
-		return contract.Response{}, false, err
+		return idem.Response{}, false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return contract.Response{}, false, s.fail("commit", err)
+		return idem.Response{}, false, s.fail("commit", err)
 	}
 	return resp, false, nil
 }

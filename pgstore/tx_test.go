@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
 	"github.com/idemkv/idem/pgstore"
@@ -68,7 +68,7 @@ func (e *txEnv) begin(t *testing.T) pgx.Tx {
 
 // claimTx begins a transaction and claims sc in it on replica a,
 // requiring the claim to win.
-func (e *txEnv) claimTx(t *testing.T, sc contract.Scope) (pgx.Tx, contract.Lease) {
+func (e *txEnv) claimTx(t *testing.T, sc idem.Scope) (pgx.Tx, idem.Lease) {
 	t.Helper()
 	tx := e.begin(t)
 	l, rec, err := e.a.ClaimTx(t.Context(), tx, sc, fp)
@@ -105,17 +105,17 @@ func (e *txEnv) awaitLockWait(t *testing.T) {
 	}, wakeBound, 5*time.Millisecond, "no claim waits on the open transaction")
 }
 
-var created = contract.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+var created = idem.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 	Body: []byte(`{"id":"pay_1"}`)}
 
 type claimResult struct {
-	l   contract.Lease
-	rec *contract.Record
+	l   idem.Lease
+	rec *idem.Record
 	err error
 }
 
 // claimAsync claims sc on s in a goroutine.
-func claimAsync(t *testing.T, s *pgstore.Store, sc contract.Scope) <-chan claimResult {
+func claimAsync(t *testing.T, s *pgstore.Store, sc idem.Scope) <-chan claimResult {
 	out := make(chan claimResult, 1)
 	go func() {
 		l, rec, err := s.Claim(t.Context(), sc, fp)
@@ -138,7 +138,7 @@ func result(t *testing.T, c <-chan claimResult) claimResult {
 func TestInTxCommitsRowAndRecordTogether(t *testing.T) {
 	e := newTxEnv(t, nil)
 	sc := scope("k")
-	resp, replayed, err := e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+	resp, replayed, err := e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 		pay(t, tx, "k")
 		var lockTimeout string
 		require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&lockTimeout))
@@ -151,13 +151,13 @@ func TestInTxCommitsRowAndRecordTogether(t *testing.T) {
 	assert.Equal(t, 1, e.payments(t, "k"))
 	rec, err := e.b.Get(t.Context(), sc)
 	require.NoError(t, err)
-	assert.Equal(t, contract.StateCompleted, rec.State)
+	assert.Equal(t, idem.StateCompleted, rec.State)
 	assert.Equal(t, created.Body, rec.Response.Body)
 
 	runs := 0
-	resp, replayed, err = e.b.InTx(t.Context(), sc, fp, func(context.Context, pgx.Tx) (contract.Response, error) {
+	resp, replayed, err = e.b.InTx(t.Context(), sc, fp, func(context.Context, pgx.Tx) (idem.Response, error) {
 		runs++
-		return contract.Response{Status: 500}, nil
+		return idem.Response{Status: 500}, nil
 	})
 	require.NoError(t, err)
 	assert.True(t, replayed)
@@ -172,18 +172,18 @@ func TestClaimTxInvisibleUntilCommit(t *testing.T) {
 	tx, l := e.claimTx(t, sc)
 	pay(t, tx, "k")
 	require.NoError(t, l.Complete(t.Context(), created))
-	assert.Equal(t, contract.StateCompleted, l.Record().State)
+	assert.Equal(t, idem.StateCompleted, l.Record().State)
 
 	// Neither the row nor the record is visible outside tx yet.
 	assert.Equal(t, 0, e.payments(t, "k"))
 	_, err := e.b.Get(t.Context(), sc)
-	require.ErrorIs(t, err, contract.ErrNotFound)
+	require.ErrorIs(t, err, idem.ErrNotFound)
 
 	require.NoError(t, tx.Commit(t.Context()))
 	assert.Equal(t, 1, e.payments(t, "k"))
 	got, err := e.b.Get(t.Context(), sc)
 	require.NoError(t, err)
-	assert.Equal(t, contract.StateCompleted, got.State)
+	assert.Equal(t, idem.StateCompleted, got.State)
 }
 
 func TestInTxRollbackLeavesNoTrace(t *testing.T) {
@@ -191,19 +191,19 @@ func TestInTxRollbackLeavesNoTrace(t *testing.T) {
 	sc := scope("k")
 	errDeclined := errors.New("declined")
 	var runs atomic.Int64
-	_, _, err := e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+	_, _, err := e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 		runs.Add(1)
 		pay(t, tx, "k")
-		return contract.Response{}, errDeclined
+		return idem.Response{}, errDeclined
 	})
 	require.ErrorIs(t, err, errDeclined)
 	assert.Equal(t, 0, e.payments(t, "k"))
 	_, err = e.b.Get(t.Context(), sc)
-	require.ErrorIs(t, err, contract.ErrNotFound)
+	require.ErrorIs(t, err, idem.ErrNotFound)
 
 	// A panic rolls back too, and is raised again.
 	assert.PanicsWithValue(t, "boom", func() {
-		e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+		e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 			runs.Add(1)
 			pay(t, tx, "k")
 			panic("boom")
@@ -212,7 +212,7 @@ func TestInTxRollbackLeavesNoTrace(t *testing.T) {
 	assert.Equal(t, 0, e.payments(t, "k"))
 
 	// The key is free: the next attempt runs and commits.
-	_, replayed, err := e.b.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+	_, replayed, err := e.b.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 		runs.Add(1)
 		pay(t, tx, "k")
 		return created, nil
@@ -299,10 +299,10 @@ func TestClaimTxDuplicateBoundedWait(t *testing.T) {
 	e.claimTx(t, sc)
 
 	r := result(t, claimAsync(t, e.b, sc))
-	require.ErrorIs(t, r.err, contract.ErrInProgress)
-	var ke *contract.KeyError
+	require.ErrorIs(t, r.err, idem.ErrInProgress)
+	var ke *idem.KeyError
 	require.ErrorAs(t, r.err, &ke)
-	assert.Equal(t, contract.StateInProgress, ke.State)
+	assert.Equal(t, idem.StateInProgress, ke.State)
 	assert.Equal(t, time.Second, ke.RetryAfter)
 
 	// In a transaction, the refusal leaves it usable and its own
@@ -311,7 +311,7 @@ func TestClaimTxDuplicateBoundedWait(t *testing.T) {
 	_, err := tx2.Exec(t.Context(), "SET LOCAL lock_timeout = '7s'")
 	require.NoError(t, err)
 	_, _, err = e.b.ClaimTx(t.Context(), tx2, sc, fp)
-	require.ErrorIs(t, err, contract.ErrInProgress)
+	require.ErrorIs(t, err, idem.ErrInProgress)
 	var lockTimeout string
 	require.NoError(t, tx2.QueryRow(t.Context(), "SHOW lock_timeout").Scan(&lockTimeout))
 	assert.Equal(t, "7s", lockTimeout)
@@ -323,36 +323,36 @@ func TestClaimTxDuplicateBoundedWait(t *testing.T) {
 func TestClaimTxFingerprintMismatch(t *testing.T) {
 	e := newTxEnv(t, nil)
 	sc := scope("k")
-	_, _, err := e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+	_, _, err := e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 		pay(t, tx, "k")
 		return created, nil
 	})
 	require.NoError(t, err)
 
 	tx := e.begin(t)
-	l, rec, err := e.b.ClaimTx(t.Context(), tx, sc, contract.Fingerprint{2})
-	require.ErrorIs(t, err, contract.ErrFingerprintMismatch)
-	var ke *contract.KeyError
+	l, rec, err := e.b.ClaimTx(t.Context(), tx, sc, idem.Fingerprint{2})
+	require.ErrorIs(t, err, idem.ErrFingerprintMismatch)
+	var ke *idem.KeyError
 	require.ErrorAs(t, err, &ke)
-	assert.Equal(t, contract.StateCompleted, ke.State)
+	assert.Equal(t, idem.StateCompleted, ke.State)
 	assert.Nil(t, l)
 	assert.Nil(t, rec)
 	pay(t, tx, "other")
 	require.NoError(t, tx.Commit(t.Context()), "a refusal left the transaction unusable")
 
 	ran := false
-	_, _, err = e.b.InTx(t.Context(), sc, contract.Fingerprint{2}, func(context.Context, pgx.Tx) (contract.Response, error) {
+	_, _, err = e.b.InTx(t.Context(), sc, idem.Fingerprint{2}, func(context.Context, pgx.Tx) (idem.Response, error) {
 		ran = true
 		return created, nil
 	})
-	require.ErrorIs(t, err, contract.ErrFingerprintMismatch)
+	require.ErrorIs(t, err, idem.ErrFingerprintMismatch)
 	assert.False(t, ran)
 }
 
 func TestClaimTxReplayKeepsTxUsable(t *testing.T) {
 	e := newTxEnv(t, nil)
 	sc := scope("k")
-	_, _, err := e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+	_, _, err := e.a.InTx(t.Context(), sc, fp, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 		pay(t, tx, "k")
 		return created, nil
 	})
@@ -380,7 +380,7 @@ func TestClaimTxReleaseKeepsOtherWrites(t *testing.T) {
 
 	assert.Equal(t, 1, e.payments(t, "audit"))
 	_, err := e.b.Get(t.Context(), sc)
-	require.ErrorIs(t, err, contract.ErrNotFound)
+	require.ErrorIs(t, err, idem.ErrNotFound)
 }
 
 // The end of a lease in a transaction is announced when the transaction
@@ -434,8 +434,8 @@ func TestClaimWaitLeavesSessionAlone(t *testing.T) {
 			e.claimTx(t, scope("held"))
 
 			_, _, err := s.Claim(t.Context(), scope("held"), fp)
-			require.ErrorIs(t, err, contract.ErrInProgress)
-			_, _, err = s.InTx(t.Context(), scope("k"), fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+			require.ErrorIs(t, err, idem.ErrInProgress)
+			_, _, err = s.InTx(t.Context(), scope("k"), fp, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 				var lockTimeout string
 				require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&lockTimeout))
 				assert.Equal(t, serverDefault, lockTimeout)
@@ -463,7 +463,7 @@ func TestClaimTxRepeatableRead(t *testing.T) {
 	t.Cleanup(func() { tx.Rollback(context.Background()) })
 	require.Equal(t, 0, countIn(t, tx)) // takes the snapshot
 
-	_, _, err = e.b.InTx(t.Context(), scope("k"), fp, func(ctx context.Context, tx pgx.Tx) (contract.Response, error) {
+	_, _, err = e.b.InTx(t.Context(), scope("k"), fp, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
 		pay(t, tx, "k")
 		return created, nil
 	})
@@ -513,7 +513,7 @@ func TestClaimTxSweepSkipsHeldRow(t *testing.T) {
 	_, err = e.b.Get(t.Context(), scope("k"))
 	require.NoError(t, err)
 	_, err = e.b.Get(t.Context(), scope("other"))
-	require.ErrorIs(t, err, contract.ErrNotFound)
+	require.ErrorIs(t, err, idem.ErrNotFound)
 }
 
 // A claim in a transaction that meets a live record, and so replays it or
@@ -523,7 +523,7 @@ func TestClaimTxRefusalHoldsNoLock(t *testing.T) {
 	e := newTxEnv(t, nil)
 	ctx, cancel := context.WithTimeout(t.Context(), wakeBound)
 	defer cancel()
-	_, _, err := e.a.InTx(ctx, scope("done"), fp, func(context.Context, pgx.Tx) (contract.Response, error) {
+	_, _, err := e.a.InTx(ctx, scope("done"), fp, func(context.Context, pgx.Tx) (idem.Response, error) {
 		return created, nil
 	})
 	require.NoError(t, err)
@@ -535,7 +535,7 @@ func TestClaimTxRefusalHoldsNoLock(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, rec)
 	_, _, err = e.b.ClaimTx(ctx, tx, scope("held"), fp)
-	require.ErrorIs(t, err, contract.ErrInProgress)
+	require.ErrorIs(t, err, idem.ErrInProgress)
 
 	// tx is still open.
 	_, rec, err = e.a.Claim(ctx, scope("done"), fp)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // listenerAppName is the application_name of the listening connection,
@@ -196,7 +196,7 @@ func (l *listener) stop() {
 }
 
 // Wait blocks while s is in progress under a live lease, as
-// contract.Store.Wait says. The end of a lease on any replica wakes it
+// idem.Store.Wait says. The end of a lease on any replica wakes it
 // through LISTEN/NOTIFY; a lease that merely runs out does not, since
 // nothing announces it. Each look at the record also marks it as waited
 // on, a write, so that the end of its lease is announced. While the
@@ -205,7 +205,7 @@ func (l *listener) stop() {
 // not committed (ClaimTx, InTx) is invisible to Wait, which returns at
 // once; the next Claim waits for that transaction, up to
 // Options.ClaimWait.
-func (s *Store) Wait(ctx context.Context, sc contract.Scope) error {
+func (s *Store) Wait(ctx context.Context, sc idem.Scope) error {
 	if err := validate(sc); err != nil {
 		return err
 	}
@@ -245,7 +245,7 @@ func (s *Store) Wait(ctx context.Context, sc contract.Scope) error {
 			return ctx.Err()
 		case <-s.closing:
 			s.listener.unregister(w)
-			return contract.ErrClosed
+			return idem.ErrClosed
 		}
 		if timer != nil {
 			timer.Stop()
@@ -282,7 +282,7 @@ RETURNING true`
 
 // mark marks s as waited on and reports whether s is in progress under a
 // live lease (waitSQL).
-func (s *Store) mark(ctx context.Context, sc contract.Scope) (bool, error) {
+func (s *Store) mark(ctx context.Context, sc idem.Scope) (bool, error) {
 	var held bool
 	err := s.pool.QueryRow(ctx, waitSQL, sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&held)
 	if errors.Is(err, pgx.ErrNoRows) {

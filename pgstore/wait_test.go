@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
 	"github.com/idemkv/idem/pgstore"
@@ -24,11 +24,11 @@ const wakeBound = 10 * time.Second
 // reconnection or a few re-reads of the record.
 const fallbackBound = 3 * time.Second
 
-func scope(key string) contract.Scope {
-	return contract.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: key}
+func scope(key string) idem.Scope {
+	return idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: key}
 }
 
-var fp = contract.Fingerprint{1}
+var fp = idem.Fingerprint{1}
 
 // replicas opens two stores on one fresh database, sharing clock.
 func replicas(t *testing.T, clock *idemtest.Clock, opts func(o *pgstore.Options)) (a, b *pgstore.Store) {
@@ -45,7 +45,7 @@ func replicas(t *testing.T, clock *idemtest.Clock, opts func(o *pgstore.Options)
 }
 
 // waitOn starts Wait on s and checks for a moment that it blocks.
-func waitOn(t *testing.T, s *pgstore.Store, sc contract.Scope) <-chan error {
+func waitOn(t *testing.T, s *pgstore.Store, sc idem.Scope) <-chan error {
 	t.Helper()
 	woke := make(chan error, 1)
 	go func() { woke <- s.Wait(t.Context(), sc) }()
@@ -72,7 +72,7 @@ func TestReplicasWaitWokenAcross(t *testing.T) {
 	l, _, err := a.Claim(t.Context(), scope("k"), fp)
 	require.NoError(t, err)
 	woke := waitOn(t, b, scope("k"))
-	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+	require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200}))
 	within(t, woke, wakeBound)
 }
 
@@ -97,7 +97,7 @@ func TestReplicasWaitSurvivesListenerLoss(t *testing.T) {
 	require.True(t, killed)
 
 	woke := waitOn(t, b, scope("k"))
-	require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+	require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200}))
 	within(t, woke, fallbackBound)
 
 	// The listener comes back, and wakes waiters by notification again.
@@ -137,7 +137,7 @@ func TestReplicasWaitRacesTheEnd(t *testing.T) {
 		// and reading the record.
 		time.Sleep(time.Duration(i%8) * 250 * time.Microsecond)
 		if i%2 == 0 {
-			require.NoError(t, l.Complete(t.Context(), contract.Response{Status: 200}))
+			require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200}))
 		} else {
 			require.NoError(t, l.Release(t.Context()))
 		}

@@ -24,9 +24,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemtest"
+	"github.com/idemkv/idem/internal/pebblefs"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // The fault campaign, beyond the store's own fault tests (read faults on
@@ -143,8 +144,8 @@ func runFaultRound(t *testing.T, rng *rand.Rand, kind faultKind) faultRound {
 		})
 	}
 	clock := idemtest.NewClock()
-	opts := &idem.Options{FS: fs, Now: clock.Now, SweepInterval: -1, CompactBytes: 1, InlineBodyBytes: 1 << 10, Logger: quietLogger()}
-	db, err := idem.Open("db", opts)
+	opts := pebblefs.With(&pebblestore.Options{Now: clock.Now, SweepInterval: -1, CompactBytes: 1, InlineBodyBytes: 1 << 10, Logger: quietLogger()}, fs)
+	db, err := pebblestore.Open("db", opts)
 	require.NoError(t, err)
 	ctx := context.Background()
 
@@ -215,7 +216,7 @@ func runFaultRound(t *testing.T, rng *rand.Rand, kind faultKind) faultRound {
 			case w.Code == http.StatusCreated:
 				assert.Equal(t, answered[key], w.Body.Bytes())
 			case w.Code == http.StatusServiceUnavailable:
-				assert.Contains(t, w.Body.String(), contract.CodeStoreUnavailable)
+				assert.Contains(t, w.Body.String(), idem.CodeStoreUnavailable)
 				res.unavailable++
 			case w.Code == http.StatusConflict:
 				// An earlier answer whose outcome could not be stored.
@@ -238,7 +239,7 @@ func runFaultRound(t *testing.T, rng *rand.Rand, kind faultKind) faultRound {
 		assert.Positive(t, hooks.Load(), "a full disk must reach the OnDiskFull hook")
 	}
 
-	check := func(db *idem.DB) {
+	check := func(db *pebblestore.Store) {
 		for s, b := range acked {
 			_, rec, err := db.Claim(ctx, s, fp(keyIndex(s)))
 			require.NoError(t, err, "%+v after the fault", s)
@@ -278,7 +279,7 @@ func runFaultRound(t *testing.T, rng *rand.Rand, kind faultKind) faultRound {
 	}
 	check(db)
 	require.NoError(t, db.Close())
-	db, err = idem.Open("db", opts)
+	db, err = pebblestore.Open("db", opts)
 	require.NoError(t, err, "the store must open after the fault")
 	res.unstored = 0 // counted once, on the reopened store
 	check(db)
@@ -333,7 +334,7 @@ func TestWALFaultCampaign(t *testing.T) {
 		// before Pebble can reach a path that dies another way.
 		assert.Regexp(t, `idem: fatal storage error.*: (write|sync) \S+\.log: `, stderr.String())
 
-		db, err := idem.Open(filepath.Join(dir, "db"), &idem.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
+		db, err := pebblestore.Open(filepath.Join(dir, "db"), &pebblestore.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
 		require.NoError(t, err, "the store must open after a fatal fault")
 		sc := bufio.NewScanner(bytes.NewReader(out))
 		for sc.Scan() {
@@ -399,7 +400,7 @@ func walFaultChild(env string) {
 		// Nobody frees space: the retry fails too.
 		fs = vfs.OnDiskFull(fs, func() {})
 	}
-	db, err := idem.Open(filepath.Join(dir, "db"), &idem.Options{FS: fs, SweepInterval: -1})
+	db, err := pebblestore.Open(filepath.Join(dir, "db"), pebblefs.With(&pebblestore.Options{SweepInterval: -1}, fs))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "idem: fatal storage error? open failed:", err)
 		os.Exit(74)

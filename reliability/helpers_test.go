@@ -17,6 +17,7 @@ import (
 	"github.com/idemkv/idem/internal/crashtest"
 	"github.com/idemkv/idem/internal/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
+	"github.com/idemkv/idem/pebblestore"
 	"github.com/idemkv/idem/pgstore"
 )
 
@@ -90,7 +91,7 @@ var proxyStores = []struct {
 				return proxyArgs(data, listen, upstream, extra...)
 			},
 			records: func(t *testing.T) []*idem.Record {
-				db, err := idem.Open(data, &idem.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
+				db, err := pebblestore.Open(data, &pebblestore.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
 				require.NoError(t, err)
 				defer db.Close()
 				return allRecords(t, db)

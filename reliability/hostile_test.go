@@ -18,10 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/crashtest"
 	"github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // hostile is one input the middleware must refuse with a documented 4xx
@@ -65,7 +65,7 @@ var invalidUTF8 = []string{"\xff", "\xfe", "\xc0\xaf", "\xe0\x80\xaf", "\xed\xa0
 func hostileInputs() []hostile {
 	var in []hostile
 	bad := func(class, body string) {
-		in = append(in, hostile{class: class, body: body, status: 400, code: contract.CodeBodyInvalid})
+		in = append(in, hostile{class: class, body: body, status: 400, code: idem.CodeBodyInvalid})
 	}
 	for _, d := range malformedJSON {
 		bad("malformed JSON", d)
@@ -118,17 +118,17 @@ func hostileInputs() []hostile {
 	for _, v := range []string{"", " ", "\t", `""`, `" "`, strings.Repeat("k", 256), `"` + strings.Repeat("k", 256) + `"`,
 		"key!", "a b", "a,b", "a;b", "ключ", "k\x00", "k\x7f", "k\x80", "k\xff", "a\tb", `"abc`, `abc"`, `"a\b"`, `"a"b"`,
 		`"a\"`, `"\`, `"` + "\x01" + `"`, "a/b", "a.b", "a:b", "(a)", "a=", "*", "a\\b", `"a" "b"`} {
-		key("bad key", v, contract.CodeKeyInvalid)
+		key("bad key", v, idem.CodeKeyInvalid)
 	}
 	in = append(in,
-		hostile{class: "bad key", body: `{}`, header: []string{"Idempotency-Key", "DROP", "Idempotency-Key", "k1", "Idempotency-Key", "k1"}, status: 400, code: contract.CodeKeyInvalid},
-		hostile{class: "bad key", body: `{}`, header: []string{"Idempotency-Key", "DROP"}, status: 400, code: contract.CodeKeyMissing},
-		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "DROP"}, status: 401, code: contract.CodeTenantMissing},
-		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "   "}, status: 401, code: contract.CodeTenantMissing},
-		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "t1", crashtest.TenantHeader, "t1"}, status: 401, code: contract.CodeTenantMissing},
-		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, strings.Repeat("t", 256)}, status: 401, code: contract.CodeTenantMissing},
-		hostile{class: "oversized body", body: `"` + strings.Repeat("x", 1<<20) + `"`, status: 413, code: contract.CodePayloadTooLarge},
-		hostile{class: "oversized body", body: strings.Repeat("[", 3<<20), status: 413, code: contract.CodePayloadTooLarge},
+		hostile{class: "bad key", body: `{}`, header: []string{"Idempotency-Key", "DROP", "Idempotency-Key", "k1", "Idempotency-Key", "k1"}, status: 400, code: idem.CodeKeyInvalid},
+		hostile{class: "bad key", body: `{}`, header: []string{"Idempotency-Key", "DROP"}, status: 400, code: idem.CodeKeyMissing},
+		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "DROP"}, status: 401, code: idem.CodeTenantMissing},
+		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "   "}, status: 401, code: idem.CodeTenantMissing},
+		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, "t1", crashtest.TenantHeader, "t1"}, status: 401, code: idem.CodeTenantMissing},
+		hostile{class: "bad tenant", body: `{}`, header: []string{crashtest.TenantHeader, strings.Repeat("t", 256)}, status: 401, code: idem.CodeTenantMissing},
+		hostile{class: "oversized body", body: `"` + strings.Repeat("x", 1<<20) + `"`, status: 413, code: idem.CodePayloadTooLarge},
+		hostile{class: "oversized body", body: strings.Repeat("[", 3<<20), status: 413, code: idem.CodePayloadTooLarge},
 	)
 	return in
 }
@@ -166,7 +166,7 @@ func applyHeaders(set func(name, value string), del func(name string), add func(
 // middleware in process: each gets its documented status and code, the
 // handler never runs and nothing is stored.
 func TestHostileInputMiddleware(t *testing.T) {
-	db, _ := idemtest.Open(t, &idem.Options{Logger: quietLogger()})
+	db, _ := idemtest.Open(t, &pebblestore.Options{Logger: quietLogger()})
 	ran := 0
 	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: tenantFromHeader, Logger: quietLogger()})
 	require.NoError(t, err)
@@ -216,7 +216,7 @@ func (errReader) Read([]byte) (int, error) { return 0, errors.New("connection re
 // read timeouts: a client that trickles its headers or its body is cut
 // off, and nothing is stored or run.
 func TestSlowClientsInProcess(t *testing.T) {
-	db, _ := idemtest.Open(t, &idem.Options{Logger: quietLogger()})
+	db, _ := idemtest.Open(t, &pebblestore.Options{Logger: quietLogger()})
 	ran := 0
 	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: tenantFromHeader, Logger: quietLogger()})
 	require.NoError(t, err)
@@ -283,7 +283,7 @@ func TestHostileBodiesRawProxy(t *testing.T) {
 	client := newClient()
 	sent := 0
 	for i, in := range hostileInputs() {
-		if in.code != contract.CodeBodyInvalid || in.class == "truncated JSON" || in.class == "corrupted JSON" {
+		if in.code != idem.CodeBodyInvalid || in.class == "truncated JSON" || in.class == "corrupted JSON" {
 			continue
 		}
 		header := []string{"Idempotency-Key", fmt.Sprint("raw-", i), crashtest.TenantHeader, "t"}
@@ -291,7 +291,7 @@ func TestHostileBodiesRawProxy(t *testing.T) {
 		require.NoError(t, err)
 		retry, err := do(context.Background(), client, "POST", url+chargePath, in.body, header...)
 		require.NoError(t, err)
-		assert.NotEqual(t, contract.CodeBodyInvalid, first.code(), "%s %d", in.class, i)
+		assert.NotEqual(t, idem.CodeBodyInvalid, first.code(), "%s %d", in.class, i)
 		assert.True(t, retry.replayed(), "%s %d: %.80q", in.class, i, in.body)
 		assert.Equal(t, first.comparable(), retry.comparable(), "%s %d", in.class, i)
 		sent++

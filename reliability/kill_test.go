@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/crashtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // The kill campaign. A real idem proxy runs in front of the journalling
@@ -335,7 +336,7 @@ func checkJournal(t *testing.T, c *killCampaign, up *upstreamProc) int {
 // and decodes every record in it.
 func checkStoreOpens(t *testing.T, dir string) {
 	t.Helper()
-	db, err := idem.Open(dir, &idem.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
+	db, err := pebblestore.Open(dir, &pebblestore.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
 	require.NoError(t, err, "the store must open after a kill")
 	for _, err := range db.Records(context.Background(), idem.Filter{Expired: true}) {
 		require.NoError(t, err)
@@ -347,7 +348,7 @@ func checkStoreOpens(t *testing.T, dir string) {
 // returns how many acknowledged results are not there.
 func checkFinalStore(t *testing.T, c *killCampaign, dir string) (lost int) {
 	t.Helper()
-	db, err := idem.Open(dir, &idem.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
+	db, err := pebblestore.Open(dir, &pebblestore.Options{SweepInterval: -1, MustExist: true, Logger: quietLogger()})
 	require.NoError(t, err)
 	defer db.Close()
 	counts := map[string]int{}

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/internal/crashtest"
 	"github.com/idemkv/idem/internal/pgtest"
 	"github.com/idemkv/idem/pgstore"
@@ -115,7 +114,7 @@ type replicaCampaign struct {
 // observe records a client's answer. A 503 store_unavailable is an answer
 // of the contract only while the server is down or just back.
 func (c *replicaCampaign) observe(k *keyRun, r reply) {
-	if r.code() == contract.CodeStoreUnavailable && c.outage.Load() {
+	if r.code() == idem.CodeStoreUnavailable && c.outage.Load() {
 		c.unavailable.Add(1)
 		return
 	}
@@ -134,7 +133,7 @@ func (c *replicaCampaign) settled(t *testing.T, client *http.Client, url string,
 		r, err := do(context.Background(), client, "POST", url+chargePath, k.body, k.headers()...)
 		c.checks.Add(1)
 		require.NoError(t, err, "a running replica must answer")
-		busy := r.code() == contract.CodeInProgress || r.code() == contract.CodeStoreUnavailable && c.outage.Load()
+		busy := r.code() == idem.CodeInProgress || r.code() == idem.CodeStoreUnavailable && c.outage.Load()
 		if !busy {
 			if r.status == http.StatusCreated {
 				c.checkAnswer(k, r)

@@ -22,6 +22,7 @@ import (
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/internal/crashtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // The soak. 64 clients send first requests and retries for -soak against
@@ -174,7 +175,7 @@ func TestSoakProxy(t *testing.T) {
 func TestSoakInProcess(t *testing.T) {
 	base := time.Now()
 	const speed = 50
-	db, err := idem.Open(t.TempDir(), &idem.Options{
+	db, err := pebblestore.Open(t.TempDir(), &pebblestore.Options{
 		Now:           func() time.Time { return base.Add(time.Since(base) * speed) },
 		Lease:         10 * time.Second,  // a fifth of a second of real time
 		TTL:           100 * time.Second, // two seconds

@@ -17,12 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	pubidemtest "github.com/idemkv/idem/idemtest"
 	"github.com/idemkv/idem/internal/crashtest"
 	"github.com/idemkv/idem/internal/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
+	"github.com/idemkv/idem/pebblestore"
 	"github.com/idemkv/idem/pgstore"
 )
 
@@ -68,14 +68,14 @@ func TestTenantIsolationProperty(t *testing.T) {
 		// sep joins names into colliding ones: NUL where the store takes
 		// it, and for PostgreSQL, whose text refuses NUL, the byte after.
 		sep  string
-		open func(t *testing.T) (contract.Operator, *pubidemtest.Clock)
+		open func(t *testing.T) (idem.Operator, *pubidemtest.Clock)
 	}{
-		{"embedded", 200, "\x00", func(t *testing.T) (contract.Operator, *pubidemtest.Clock) {
-			db, clock := idemtest.Open(t, &idem.Options{Lease: isoLease, TTL: isoTTL, Logger: quietLogger()})
+		{"embedded", 200, "\x00", func(t *testing.T) (idem.Operator, *pubidemtest.Clock) {
+			db, clock := idemtest.Open(t, &pebblestore.Options{Lease: isoLease, TTL: isoTTL, Logger: quietLogger()})
 			return db, clock
 		}},
 		// Each sequence gets a database of its own, which costs more.
-		{"postgres", 40, "\x01", func(t *testing.T) (contract.Operator, *pubidemtest.Clock) {
+		{"postgres", 40, "\x01", func(t *testing.T) (idem.Operator, *pubidemtest.Clock) {
 			clock := pubidemtest.NewClock()
 			s, err := pgstore.Open(t.Context(), pgtest.DSN(t), &pgstore.Options{Lease: isoLease, TTL: isoTTL, Now: clock.Now, Logger: quietLogger()})
 			require.NoError(t, err)
@@ -107,7 +107,7 @@ const (
 	isoSteps         = 300
 )
 
-func runIsolationSequence(t *testing.T, rng *rand.Rand, steps int, db contract.Operator, clock *pubidemtest.Clock, sep string) int {
+func runIsolationSequence(t *testing.T, rng *rand.Rand, steps int, db idem.Operator, clock *pubidemtest.Clock, sep string) int {
 	tenants, keys := make([]string, len(isoTenants)), make([]string, len(isoKeys))
 	for i, v := range isoTenants {
 		tenants[i] = strings.ReplaceAll(v, "\x00", sep)
@@ -278,7 +278,7 @@ func runIsolationSequence(t *testing.T, rng *rand.Rand, steps int, db contract.O
 // key; a key another tenant spent never gets 422 or 409, which would tell
 // one tenant what another did.
 func TestTenantIsolationHTTP(t *testing.T) {
-	db, _ := idemtest.Open(t, &idem.Options{Logger: quietLogger()})
+	db, _ := idemtest.Open(t, &pebblestore.Options{Logger: quietLogger()})
 	runs := map[string]int{}
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant := r.Header.Get("X-Tenant")
@@ -423,7 +423,7 @@ func tenantIsolationProxy(t *testing.T, up *upstreamProc, urls []string) {
 			require.Equal(t, answers[sk], r.body, "a replay of the tenant's own answer")
 		default:
 			require.Equal(t, http.StatusUnprocessableEntity, r.status, "the tenant's own key, reused")
-			require.Equal(t, contract.CodeKeyReuse, r.code())
+			require.Equal(t, idem.CodeKeyReuse, r.code())
 		}
 	}
 	assert.Equal(t, len(first), up.executions(t), "each tenant-key pair runs once")

@@ -43,6 +43,7 @@ import (
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/bench/device"
 	"github.com/idemkv/idem/internal/crashtest"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // config is what one child runs.
@@ -176,10 +177,10 @@ func runChild(c config) (result, error) {
 	}
 	defer os.RemoveAll(dir)
 	if c.Budget > 0 && os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(idem.GoMemoryLimit(c.Budget << 20))
+		debug.SetMemoryLimit(pebblestore.GoMemoryLimit(c.Budget << 20))
 	}
 	var skew atomic.Int64 // added to the clock, to expire every record at the end
-	opts := &idem.Options{
+	opts := &pebblestore.Options{
 		MemoryBytes: c.Budget << 20,
 		Now:         func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
 		Logger:      slog.New(slog.DiscardHandler),
@@ -187,7 +188,7 @@ func runChild(c config) (result, error) {
 	if c.Soak > 0 {
 		opts.TTL, opts.Lease, opts.SweepInterval = c.SoakTTL, c.SoakTTL/10, c.SoakTTL/4
 	}
-	db, err := idem.Open(dir, opts)
+	db, err := pebblestore.Open(dir, opts)
 	if err != nil {
 		return res, err
 	}
@@ -230,10 +231,10 @@ func runChild(c config) (result, error) {
 		b, _ := before.Figure(name)
 		return (a - b) / ops
 	}
-	res.WrittenPerOp = perOp(idem.FigureBytesWritten)
-	res.Written.Log, res.Written.Zeros = perOp(idem.FigureLogBytesWritten), perOp(idem.FigureZeroBytesWritten)
-	res.Written.Tables, res.Written.Blobs = perOp(idem.FigureTableBytesWritten), perOp(idem.FigureBlobBytesWritten)
-	res.SyncsPerOp = perOp(idem.FigureSyncs)
+	res.WrittenPerOp = perOp(pebblestore.FigureBytesWritten)
+	res.Written.Log, res.Written.Zeros = perOp(pebblestore.FigureLogBytesWritten), perOp(pebblestore.FigureZeroBytesWritten)
+	res.Written.Tables, res.Written.Blobs = perOp(pebblestore.FigureTableBytesWritten), perOp(pebblestore.FigureBlobBytesWritten)
+	res.SyncsPerOp = perOp(pebblestore.FigureSyncs)
 	res.Swept = after.Events[idem.EventSwept]
 	res.LogicalPerOp = float64(load.logical.Load()) / ops
 	res.DeviceBytes = -1
@@ -259,7 +260,7 @@ func runChild(c config) (result, error) {
 
 // loader runs claim+complete operations on new keys.
 type loader struct {
-	db       *idem.DB
+	db       *pebblestore.Store
 	body     int
 	next     atomic.Int64
 	done     atomic.Int64

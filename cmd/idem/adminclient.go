@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -82,7 +81,7 @@ func (c *adminClient) do(ctx context.Context, method, path string, in any) (*htt
 		return nil, idem.ErrNotFound
 	case codeCompleted:
 		return nil, idem.ErrCompleted
-	case contract.CodeInProgress:
+	case idem.CodeInProgress:
 		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 		return nil, &idem.KeyError{Err: idem.ErrInProgress, State: idem.StateInProgress, RetryAfter: time.Duration(secs) * time.Second}
 	case codeUnauthorized:

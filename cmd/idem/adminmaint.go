@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // The maintenance routes: what compact and check do, on the admin listener
@@ -42,12 +43,12 @@ type sweepView struct {
 // Error says that the check stopped early; the counts and problems are
 // then those found before.
 type checkAnswer struct {
-	Records        int            `json:"records"`
-	ExpiryEntries  int            `json:"expiry_entries"`
-	PendingEntries int            `json:"pending_entries"`
-	Chunks         int            `json:"chunks"`
-	Problems       []idem.Problem `json:"problems"`
-	Error          string         `json:"error,omitempty"`
+	Records        int                   `json:"records"`
+	ExpiryEntries  int                   `json:"expiry_entries"`
+	PendingEntries int                   `json:"pending_entries"`
+	Chunks         int                   `json:"chunks"`
+	Problems       []pebblestore.Problem `json:"problems"`
+	Error          string                `json:"error,omitempty"`
 }
 
 // compact streams its progress, a line at each phase and at each
@@ -105,7 +106,7 @@ func (a *admin) check(w http.ResponseWriter, r *http.Request) {
 	out := checkAnswer{Records: res.Records, ExpiryEntries: res.ExpiryEntries, PendingEntries: res.PendingEntries, Chunks: res.Chunks,
 		Problems: res.Problems}
 	if out.Problems == nil {
-		out.Problems = []idem.Problem{}
+		out.Problems = []pebblestore.Problem{}
 	}
 	if err != nil {
 		a.log.Error("idem: operator route failed", "route", "check", "err", err)
@@ -147,17 +148,17 @@ func (c *adminClient) Compact(ctx context.Context, progress func(idem.CompactPro
 // Check has the server check its store. Like Compact, it is bounded by
 // ctx alone. A check the server could not finish returns what it found
 // and a *checkStopped; any other error means there is no result.
-func (c *adminClient) Check(ctx context.Context) (idem.CheckResult, error) {
+func (c *adminClient) Check(ctx context.Context) (pebblestore.CheckResult, error) {
 	resp, err := c.do(ctx, "GET", "/v1/admin/check", nil)
 	if err != nil {
-		return idem.CheckResult{}, err
+		return pebblestore.CheckResult{}, err
 	}
 	defer discard(resp.Body)
 	var a checkAnswer
 	if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
-		return idem.CheckResult{}, fmt.Errorf("the admin listener at %s: reading its answer: %w", c.base, err)
+		return pebblestore.CheckResult{}, fmt.Errorf("the admin listener at %s: reading its answer: %w", c.base, err)
 	}
-	res := idem.CheckResult{Records: a.Records, ExpiryEntries: a.ExpiryEntries, PendingEntries: a.PendingEntries, Chunks: a.Chunks, Problems: a.Problems}
+	res := pebblestore.CheckResult{Records: a.Records, ExpiryEntries: a.ExpiryEntries, PendingEntries: a.PendingEntries, Chunks: a.Chunks, Problems: a.Problems}
 	if a.Error != "" {
 		return res, &checkStopped{fmt.Sprintf("the admin listener at %s: %s", c.base, a.Error)}
 	}

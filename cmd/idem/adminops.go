@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -133,7 +132,7 @@ func adminProblem(w http.ResponseWriter, status int, code, detail string, retry 
 // the error, which may name files or hosts, goes to the log only.
 func (a *admin) storeFailed(w http.ResponseWriter, route string, err error) {
 	a.log.Error("idem: operator route failed", "route", route, "err", err)
-	adminProblem(w, http.StatusServiceUnavailable, contract.CodeStoreUnavailable, "the store could not be read or written; see the server's log", 0)
+	adminProblem(w, http.StatusServiceUnavailable, idem.CodeStoreUnavailable, "the store could not be read or written; see the server's log", 0)
 }
 
 // wireRecord is a record on the operator routes: the tools' JSON view,
@@ -300,7 +299,7 @@ func (a *admin) recordFailed(w http.ResponseWriter, route string, s idem.Scope, 
 	case errors.Is(err, idem.ErrCompleted):
 		adminProblem(w, http.StatusConflict, codeCompleted, "the record is completed; its response is what every retry replays and is never overwritten", 0)
 	case errors.As(err, &ke) && errors.Is(err, idem.ErrInProgress):
-		adminProblem(w, http.StatusConflict, contract.CodeInProgress, "the record is in progress and its lease runs for another "+age(ke.RetryAfter)+
+		adminProblem(w, http.StatusConflict, idem.CodeInProgress, "the record is in progress and its lease runs for another "+age(ke.RetryAfter)+
 			"; the process that claimed it may still finish it", ke.RetryAfter)
 	case errors.Is(err, idem.ErrInvalidScope), errors.Is(err, idem.ErrInvalidResponse):
 		adminProblem(w, http.StatusBadRequest, codeBadRequest, err.Error(), 0)

@@ -11,7 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 func runCheck(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -84,7 +84,7 @@ latency, so a quiet hour suits it best.
 
 // reportCheck prints what Check found and returns the exit status: 1 when
 // it found a problem or could not finish.
-func reportCheck(res idem.CheckResult, err error, asJSON bool, stdout, stderr io.Writer) (code int) {
+func reportCheck(res pebblestore.CheckResult, err error, asJSON bool, stdout, stderr io.Writer) (code int) {
 	enc := json.NewEncoder(stdout)
 	for _, p := range res.Problems {
 		if asJSON {
@@ -114,7 +114,7 @@ func reportCheck(res idem.CheckResult, err error, asJSON bool, stdout, stderr io
 }
 
 // checker is a store that can walk its own invariants: the embedded one
-// (idem.DB.Check).
+// (pebblestore.Store.Check).
 type checker interface {
-	Check(ctx context.Context) (idem.CheckResult, error)
+	Check(ctx context.Context) (pebblestore.CheckResult, error)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/keys"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 func TestCheckSoundStore(t *testing.T) {
@@ -80,18 +81,18 @@ func TestCheckFindsEveryProblem(t *testing.T) {
 	r = runIdem(t, "", "check", "--data", dir, "--json")
 	assert.Equal(t, 1, r.code, r.stderr)
 	assert.Equal(t, "checked 7 records, 6 expiry entries, 4 pending entries, 3 body chunks: 3 problems\n", r.stderr)
-	var got []idem.Problem
+	var got []pebblestore.Problem
 	sc := bufio.NewScanner(strings.NewReader(r.stdout))
 	for sc.Scan() {
-		var p idem.Problem
+		var p pebblestore.Problem
 		require.NoError(t, json.Unmarshal(sc.Bytes(), &p), sc.Text())
 		assert.NotEmpty(t, p.Detail)
-		got = append(got, idem.Problem{Kind: p.Kind, Tenant: p.Tenant, Endpoint: p.Endpoint, KeyHash: p.KeyHash})
+		got = append(got, pebblestore.Problem{Kind: p.Kind, Tenant: p.Tenant, Endpoint: p.Endpoint, KeyHash: p.KeyHash})
 	}
-	assert.Equal(t, []idem.Problem{
-		{Kind: idem.ProblemChunksOrphaned, Tenant: "acme", Endpoint: "POST /v1/payments", KeyHash: gone},
-		{Kind: idem.ProblemRecordUndecodable, Tenant: "acme", Endpoint: "POST /v1/payments", KeyHash: idem.KeyHash(seeded.stuck.Key)},
-		{Kind: idem.ProblemExpiryMissing, Tenant: "acme", Endpoint: "POST /v1/payments", KeyHash: idem.KeyHash(seeded.completed.Key)},
+	assert.Equal(t, []pebblestore.Problem{
+		{Kind: pebblestore.ProblemChunksOrphaned, Tenant: "acme", Endpoint: "POST /v1/payments", KeyHash: gone},
+		{Kind: pebblestore.ProblemRecordUndecodable, Tenant: "acme", Endpoint: "POST /v1/payments", KeyHash: idem.KeyHash(seeded.stuck.Key)},
+		{Kind: pebblestore.ProblemExpiryMissing, Tenant: "acme", Endpoint: "POST /v1/payments", KeyHash: idem.KeyHash(seeded.completed.Key)},
 	}, got)
 	for _, k := range append(allKeys(), "key-gone-77ab88cd") {
 		assert.NotContains(t, r.stdout, k, "a raw key in the output")

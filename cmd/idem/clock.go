@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 func runClock(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -40,7 +40,7 @@ and must be stopped first (SIGTERM lets its requests finish).
 	if op == nil {
 		return code
 	}
-	db := op.(*idem.DB)
+	db := op.(*pebblestore.Store)
 	mark, ok := db.ClockMark()
 	now := time.Now()
 	switch {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // TestClockReset writes a store under a clock an hour ahead, as a device
@@ -22,7 +23,7 @@ func TestClockReset(t *testing.T) {
 	assert.Equal(t, 1, r.code, "a tool never creates a store")
 
 	ahead := time.Now().Add(time.Hour)
-	db, err := idem.Open(dir, &idem.Options{Now: func() time.Time { return ahead }, SweepInterval: -1})
+	db, err := pebblestore.Open(dir, &pebblestore.Options{Now: func() time.Time { return ahead }, SweepInterval: -1})
 	require.NoError(t, err)
 	_, _, err = db.Claim(context.Background(), seeded.fresh, idem.Fingerprint{1})
 	require.NoError(t, err)
@@ -32,7 +33,7 @@ func TestClockReset(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "behind it")
 	claimNow := func() error {
-		db, err := idem.Open(dir, &idem.Options{SweepInterval: -1, Logger: slog.New(slog.DiscardHandler)})
+		db, err := pebblestore.Open(dir, &pebblestore.Options{SweepInterval: -1, Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		defer db.Close()
 		_, _, err = db.Claim(context.Background(), seeded.completed, idem.Fingerprint{1})

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -224,9 +223,9 @@ the key itself.
 	var routes *routeTable
 	var endpointTTL map[string]time.Duration
 	if *routesFile != "" {
-		// The store refuses a TTL under contract.MinTTLLeases leases;
+		// The store refuses a TTL under idem.MinTTLLeases leases;
 		// said here, the message can name the route's line.
-		if routes, err = readRoutes(*routesFile, contract.MinTTLLeases*effectiveLease); err != nil {
+		if routes, err = readRoutes(*routesFile, idem.MinTTLLeases*effectiveLease); err != nil {
 			fmt.Fprintf(stderr, "idem proxy: --routes %v\n", err)
 			return 2
 		}
@@ -465,7 +464,7 @@ func newProxyHandler(target *url.URL, timeout time.Duration, problemBase string,
 		// send it twice, and first answers would differ from replays.
 		ModifyResponse: func(res *http.Response) error {
 			applyOutcome(res, log)
-			for _, name := range []string{contract.HeaderKey, contract.HeaderReplayed, contract.HeaderBodyOmitted, contract.HeaderExpires, contract.HeaderOutcome} {
+			for _, name := range []string{idem.HeaderKey, idem.HeaderReplayed, idem.HeaderBodyOmitted, idem.HeaderExpires, idem.HeaderOutcome} {
 				res.Header.Del(name)
 			}
 			return nil
@@ -512,12 +511,12 @@ func (b *copyBuffers) Get() []byte {
 func (b *copyBuffers) Put(buf []byte) { b.pool.Put(&buf) }
 
 // applyOutcome tells the middleware what the upstream said of its answer
-// in contract.HeaderOutcome. The response's request is the one the proxy
+// in idem.HeaderOutcome. The response's request is the one the proxy
 // sent, whose context carries the middleware's outcome. A value the proxy
 // does not know changes nothing: the status lists decide, as if the
 // upstream had said nothing.
 func applyOutcome(res *http.Response, log *slog.Logger) {
-	vs := res.Header.Values(contract.HeaderOutcome)
+	vs := res.Header.Values(idem.HeaderOutcome)
 	if len(vs) == 0 {
 		return
 	}
@@ -529,7 +528,7 @@ func applyOutcome(res *http.Response, log *slog.Logger) {
 	case "store":
 		idemhttp.Keep(res.Request)
 	default:
-		log.Warn("idem proxy: the upstream's "+contract.HeaderOutcome+" is not release, unknown or store; ignored",
+		log.Warn("idem proxy: the upstream's "+idem.HeaderOutcome+" is not release, unknown or store; ignored",
 			"method", res.Request.Method, "path", res.Request.URL.Path, "value", v)
 	}
 }

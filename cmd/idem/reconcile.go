@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // The proxy's reconciler: with --reconcile-url, the store hands it every
@@ -117,7 +117,7 @@ func parseLookupURL(s string) (*lookupURL, error) {
 // expand fills in the placeholders for sc, each escaped for the part of
 // the URL it is in: a key with a slash stays one path segment, one with
 // an ampersand one query value.
-func (u *lookupURL) expand(sc contract.Scope) string {
+func (u *lookupURL) expand(sc idem.Scope) string {
 	values := []string{sc.Key, sc.Tenant, sc.Endpoint}
 	var path, query []string
 	for i, p := range lookupPlaceholders {
@@ -162,7 +162,7 @@ func (rc *reconciler) every() time.Duration {
 
 // reconcileFunc returns rc.Reconcile for a store's options, or nil without
 // a reconciler.
-func (rc *reconciler) reconcileFunc() func(context.Context, contract.Lease) error {
+func (rc *reconciler) reconcileFunc() func(context.Context, idem.Lease) error {
 	if rc == nil {
 		return nil
 	}
@@ -185,10 +185,10 @@ const (
 // fresh lease it took runs out. After rc.attempts such lookups the outcome
 // is recorded unknown, counted by the record's attempts after its first,
 // so that the count survives restarts and is shared by replicas.
-func (rc *reconciler) Reconcile(ctx context.Context, l contract.Lease) error {
+func (rc *reconciler) Reconcile(ctx context.Context, l idem.Lease) error {
 	sc := l.Scope()
 	v, resp, err := rc.lookup(ctx, sc)
-	logged := []any{"tenant", sc.Tenant, "endpoint", sc.Endpoint, "key_hash", contract.KeyHash(sc.Key)}
+	logged := []any{"tenant", sc.Tenant, "endpoint", sc.Endpoint, "key_hash", idem.KeyHash(sc.Key)}
 	switch v {
 	case found:
 		rc.log.Info("idem proxy: the upstream's lookup found the operation; its answer is stored for replays", append(logged, "status", resp.Status)...)
@@ -214,51 +214,51 @@ func (rc *reconciler) Reconcile(ctx context.Context, l contract.Lease) error {
 
 // lookup asks the upstream about the operation at sc. Its errors never
 // hold the lookup's URL, which holds the key.
-func (rc *reconciler) lookup(ctx context.Context, sc contract.Scope) (verdict, contract.Response, error) {
+func (rc *reconciler) lookup(ctx context.Context, sc idem.Scope) (verdict, idem.Response, error) {
 	ctx, cancel := context.WithTimeout(ctx, rc.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rc.url.expand(sc), nil)
 	if err != nil {
-		return undecided, contract.Response{}, errors.New("lookup: the expanded --reconcile-url does not parse")
+		return undecided, idem.Response{}, errors.New("lookup: the expanded --reconcile-url does not parse")
 	}
 	req.Header.Set("User-Agent", lookupUserAgent)
-	req.Header.Set(contract.HeaderKey, sc.Key)
+	req.Header.Set(idem.HeaderKey, sc.Key)
 	resp, err := rc.client.Do(req)
 	if err != nil {
 		if ue, ok := errors.AsType[*url.Error](err); ok {
 			err = ue.Err
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
-			return undecided, contract.Response{}, fmt.Errorf("lookup: no answer within %s", rc.timeout)
+			return undecided, idem.Response{}, fmt.Errorf("lookup: no answer within %s", rc.timeout)
 		}
-		return undecided, contract.Response{}, fmt.Errorf("lookup: %w", err)
+		return undecided, idem.Response{}, fmt.Errorf("lookup: %w", err)
 	}
 	defer discard(resp.Body)
-	if strings.EqualFold(strings.TrimSpace(resp.Header.Get(contract.HeaderOutcome)), "unknown") {
-		return unknownOutcome, contract.Response{}, nil
+	if strings.EqualFold(strings.TrimSpace(resp.Header.Get(idem.HeaderOutcome)), "unknown") {
+		return unknownOutcome, idem.Response{}, nil
 	}
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
-		return notFound, contract.Response{}, nil
+		return notFound, idem.Response{}, nil
 	case resp.StatusCode/100 != 2:
-		return undecided, contract.Response{}, fmt.Errorf("lookup: the upstream answered %s, neither 2xx (found) nor 404 (not found)", resp.Status)
+		return undecided, idem.Response{}, fmt.Errorf("lookup: the upstream answered %s, neither 2xx (found) nor 404 (not found)", resp.Status)
 	}
 	status := resp.StatusCode
 	if v := resp.Header.Get(headerOriginalStatus); v != "" {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 200 || n > 999 {
-			return undecided, contract.Response{}, fmt.Errorf("lookup: %s %q is not a final status (200-999)", headerOriginalStatus, v)
+			return undecided, idem.Response{}, fmt.Errorf("lookup: %s %q is not a final status (200-999)", headerOriginalStatus, v)
 		}
 		status = n
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, rc.maxBody+1))
 	if err != nil {
-		return undecided, contract.Response{}, fmt.Errorf("lookup: reading the answer: %w", err)
+		return undecided, idem.Response{}, fmt.Errorf("lookup: reading the answer: %w", err)
 	}
 	if int64(len(body)) > rc.maxBody {
-		return undecided, contract.Response{}, fmt.Errorf("lookup: the answer's body is over --max-stored-body (%d bytes), so it cannot be stored", rc.maxBody)
+		return undecided, idem.Response{}, fmt.Errorf("lookup: the answer's body is over --max-stored-body (%d bytes), so it cannot be stored", rc.maxBody)
 	}
-	return found, contract.Response{Status: status, Header: lookupHeader(resp.Header), Body: body}, nil
+	return found, idem.Response{Status: status, Header: lookupHeader(resp.Header), Body: body}, nil
 }
 
 // lookupHeader is the part of a lookup's header that a replay sends: not
@@ -274,7 +274,7 @@ func lookupHeader(h http.Header) http.Header {
 	for _, name := range []string{
 		"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 		"Date", "Content-Length",
-		contract.HeaderKey, contract.HeaderReplayed, contract.HeaderBodyOmitted, contract.HeaderExpires, contract.HeaderOutcome,
+		idem.HeaderKey, idem.HeaderReplayed, idem.HeaderBodyOmitted, idem.HeaderExpires, idem.HeaderOutcome,
 		headerOriginalStatus,
 	} {
 		out.Del(name)

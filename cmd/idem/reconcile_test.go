@@ -18,10 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemtest"
 	memtest "github.com/idemkv/idem/internal/idemtest"
+	"github.com/idemkv/idem/pebblestore"
 	"github.com/idemkv/idem/pgstore"
 )
 
@@ -104,7 +104,7 @@ func (u *lookupUpstream) serve(w http.ResponseWriter, r *http.Request) {
 	case "absent":
 		http.NotFound(w, r)
 	case "unknown":
-		w.Header().Set(contract.HeaderOutcome, "unknown")
+		w.Header().Set(idem.HeaderOutcome, "unknown")
 		w.WriteHeader(http.StatusOK)
 	default:
 		http.Error(w, "the ledger is down", http.StatusServiceUnavailable)
@@ -136,7 +136,7 @@ var reconcileStores = []struct {
 	open func(t *testing.T, clock *idemtest.Clock, reconcile func(context.Context, idem.Lease) error, log *slog.Logger) idem.Operator
 }{
 	{"embedded", func(t *testing.T, clock *idemtest.Clock, reconcile func(context.Context, idem.Lease) error, log *slog.Logger) idem.Operator {
-		db, _ := memtest.Open(t, &idem.Options{Now: clock.Now, Reconcile: reconcile, Logger: log})
+		db, _ := memtest.Open(t, &pebblestore.Options{Now: clock.Now, Reconcile: reconcile, Logger: log})
 		return db
 	}},
 	{"postgres", func(t *testing.T, clock *idemtest.Clock, reconcile func(context.Context, idem.Lease) error, log *slog.Logger) idem.Operator {
@@ -160,7 +160,7 @@ func newReconcileEnv(t *testing.T, open func(*testing.T, *idemtest.Clock, func(c
 	tenant, err := parseTenantFrom("auth")
 	require.NoError(t, err)
 	forward := newProxyHandler(target, 5*time.Second, idemhttp.DefaultProblemBase, log)
-	serve := func(store contract.Store) *httptest.Server {
+	serve := func(store idem.Store) *httptest.Server {
 		mw, err := idemhttp.New(idemhttp.Options{Store: store, Tenant: tenant, ReconcileEvery: e.rc.every(), Logger: log})
 		require.NoError(t, err)
 		srv := httptest.NewServer(mw(forward))
@@ -210,7 +210,7 @@ func TestReconcileFromLookup(t *testing.T) {
 			e.clock.Advance(31 * time.Second) // past the 30 s lease
 			r := e.charge(t, e.proxy, keys["found"])
 			assert.Equal(t, http.StatusConflict, r.status)
-			assert.Equal(t, contract.CodeInProgress, r.code(t), "the outcome is being looked up: retrying is worth it")
+			assert.Equal(t, idem.CodeInProgress, r.code(t), "the outcome is being looked up: retrying is worth it")
 			assert.Equal(t, "60", r.header.Get("Retry-After"))
 
 			res, err = e.db.Reconcile(ctx)
@@ -234,7 +234,7 @@ func TestReconcileFromLookup(t *testing.T) {
 
 			r = e.charge(t, e.proxy, keys["unknown"])
 			assert.Equal(t, http.StatusConflict, r.status)
-			assert.Equal(t, contract.CodeOutcomePending, r.code(t))
+			assert.Equal(t, idem.CodeOutcomePending, r.code(t))
 			assert.Equal(t, 1, e.up.count(keys["unknown"]))
 
 			// No answer: still in progress, under the reconciler's lease.
@@ -244,7 +244,7 @@ func TestReconcileFromLookup(t *testing.T) {
 			assert.Equal(t, uint32(2), rec.Attempts)
 			r = e.charge(t, e.proxy, keys["failing"])
 			assert.Equal(t, http.StatusConflict, r.status)
-			assert.Equal(t, contract.CodeInProgress, r.code(t))
+			assert.Equal(t, idem.CodeInProgress, r.code(t))
 			assert.Equal(t, 1, e.up.count(keys["failing"]), "an unanswered lookup never runs the operation")
 
 			// What the lookup was asked.
@@ -273,7 +273,7 @@ func TestReconcileFromLookup(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, idem.StateUnknown, rec.State)
 			r = e.charge(t, e.proxy, keys["failing"])
-			assert.Equal(t, contract.CodeOutcomePending, r.code(t))
+			assert.Equal(t, idem.CodeOutcomePending, r.code(t))
 			assert.Equal(t, 1, e.up.count(keys["failing"]))
 
 			out := logged.String()
@@ -298,7 +298,7 @@ func TestReconcileUnreachable(t *testing.T) {
 	require.NoError(t, err)
 	rc := newReconciler(lu, 5*time.Second, 1<<20, defaultReconcileAttempts, log)
 	clock := idemtest.NewClock()
-	db, _ := memtest.Open(t, &idem.Options{Now: clock.Now, Reconcile: rc.Reconcile, Logger: log})
+	db, _ := memtest.Open(t, &pebblestore.Options{Now: clock.Now, Reconcile: rc.Reconcile, Logger: log})
 
 	s := idem.Scope{Tenant: "acme", Endpoint: "POST /v1/charges", Key: newKey()}
 	_, _, err = db.Claim(t.Context(), s, idem.Fingerprint{1})

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -113,8 +113,8 @@ func readRoutes(file string, minTTL time.Duration) (*routeTable, error) {
 // newRoute checks one route's settings.
 func newRoute(pattern, where string, s routeSettings, minTTL time.Duration) (*route, error) {
 	rt := &route{pattern: pattern, where: where, volatile: s.Volatile, strict: s.StrictCanonical}
-	if len(pattern) > contract.MaxEndpointBytes {
-		return nil, fmt.Errorf("the pattern is %d bytes, more than %d: it names the endpoint keys are stored under", len(pattern), contract.MaxEndpointBytes)
+	if len(pattern) > idem.MaxEndpointBytes {
+		return nil, fmt.Errorf("the pattern is %d bytes, more than %d: it names the endpoint keys are stored under", len(pattern), idem.MaxEndpointBytes)
 	}
 	if s.Require != nil {
 		rt.methods = []string{}
@@ -131,11 +131,11 @@ func newRoute(pattern, where string, s routeSettings, minTTL time.Duration) (*ro
 		case err != nil:
 			return nil, fmt.Errorf("ttl: %q is not a duration (48h, 90m)", s.TTL)
 		case d < minTTL:
-			return nil, fmt.Errorf("ttl %s must be at least %d leases (%s)", d, contract.MinTTLLeases, minTTL)
+			return nil, fmt.Errorf("ttl %s must be at least %d leases (%s)", d, idem.MinTTLLeases, minTTL)
 		}
 		rt.ttl = d
 	}
-	if _, err := contract.Canonicalize([]byte("{}"), contract.CanonicalOptions{Volatile: s.Volatile}); err != nil {
+	if _, err := idem.Canonicalize([]byte("{}"), idem.CanonicalOptions{Volatile: s.Volatile}); err != nil {
 		return nil, fmt.Errorf("volatile: %v", err)
 	}
 	for _, l := range []struct {
@@ -209,7 +209,7 @@ func (t *routeTable) build(base idemhttp.Options, next http.Handler) error {
 			// straight through, and one that carries a key is protected.
 			protected := rt.h
 			rt.h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if _, keyed := r.Header[contract.HeaderKey]; !keyed {
+				if _, keyed := r.Header[idem.HeaderKey]; !keyed {
 					next.ServeHTTP(w, r)
 					return
 				}

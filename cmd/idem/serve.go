@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/contract"
 	"github.com/idemkv/idem/idemhttp"
 )
 
@@ -260,7 +259,7 @@ func (a *paymentsAPI) createPayment(w http.ResponseWriter, r *http.Request) {
 func (a *paymentsAPI) getPayment(w http.ResponseWriter, r *http.Request) {
 	tenant, err := bearerToken(r)
 	if err != nil {
-		writeProblem(w, idemhttp.Problem{Status: http.StatusUnauthorized, Code: contract.CodeTenantMissing, Detail: err.Error()})
+		writeProblem(w, idemhttp.Problem{Status: http.StatusUnauthorized, Code: idem.CodeTenantMissing, Detail: err.Error()})
 		return
 	}
 	a.mu.Lock()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // Timeouts of the HTTP servers behind serve and proxy. They bound what a
@@ -44,15 +45,15 @@ const adminDrain = time.Second
 // the failures a person can act on into messages and exit statuses: bad
 // options are usage errors (2), a directory held by another process is a
 // plain failure (1) that says so.
-func openStore(name, dir string, opts *idem.Options, stderr io.Writer) (idem.Operator, int) {
-	db, err := idem.Open(dir, opts)
+func openStore(name, dir string, opts *pebblestore.Options, stderr io.Writer) (idem.Operator, int) {
+	db, err := pebblestore.Open(dir, opts)
 	switch {
 	case err == nil:
 		return db, 0
 	case errors.Is(err, idem.ErrInvalidOptions):
 		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
 		return nil, 2
-	case errors.Is(err, idem.ErrLocked):
+	case errors.Is(err, pebblestore.ErrLocked):
 		fmt.Fprintf(stderr, "idem %s: data directory %s is in use: another idem process holds it; stop that process or pass another --data\n(%v)\n", name, dir, err)
 		return nil, 1
 	default:

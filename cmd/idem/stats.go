@@ -8,6 +8,7 @@ import (
 	"io"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // storeStats is what idem stats reports, in the JSON it prints with
@@ -77,10 +78,10 @@ its /metrics endpoint reports the same figures.
 		return closeStore("stats", db, 1, stderr)
 	}
 	st.Overdue, st.OldestInProgress, st.Expired = m.Overdue, m.OldestInProgress.Seconds(), m.Expired
-	if v, ok := m.Figure(idem.FigureDiskBytes); ok {
+	if v, ok := m.Figure(pebblestore.FigureDiskBytes); ok {
 		st.DiskBytes = ptr(uint64(v))
 	}
-	if v, ok := m.Figure(idem.FigureReadAmp); ok {
+	if v, ok := m.Figure(pebblestore.FigureReadAmp); ok {
 		st.ReadAmp = ptr(int(v))
 	}
 	if v, ok := m.Figure(pgTableBytes); ok {

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/pebblestore"
 	"github.com/idemkv/idem/pgstore"
 )
 
@@ -121,7 +122,7 @@ func (s *storeFlags) validate() error {
 		}
 		return nil
 	}
-	if least := byteSize(idem.MinMemoryBytes); s.memory != 0 && s.memory < least {
+	if least := byteSize(pebblestore.MinMemoryBytes); s.memory != 0 && s.memory < least {
 		return fmt.Errorf("--memory %s is below the smallest budget, %s", &s.memory, &least)
 	}
 	if !s.postgres() {
@@ -187,17 +188,17 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 		events = o.logger
 	}
 	if !s.postgres() {
-		opts := &idem.Options{TTL: o.ttl, EndpointTTL: o.endpointTTL, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events,
+		opts := &pebblestore.Options{TTL: o.ttl, EndpointTTL: o.endpointTTL, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events,
 			Reconcile: o.reconcile}
 		if o.reconcile != nil {
 			opts.SweepInterval = reconcileEvery // its loop reconciles after each sweep
 		}
 		if s.memory != 0 && os.Getenv("GOMEMLIMIT") == "" {
-			debug.SetMemoryLimit(idem.GoMemoryLimit(int64(s.memory)))
+			debug.SetMemoryLimit(pebblestore.GoMemoryLimit(int64(s.memory)))
 		}
 		if o.maxBodyBytes > 0 {
 			// Bodies are kept inside the record up to the smaller of the
-			// two, which idem.Open requires to be no larger than the cap.
+			// two, which pebblestore.Open requires to be no larger than the cap.
 			opts.InlineBodyBytes = int(min(64<<10, o.maxBodyBytes))
 		}
 		return openStore(name, s.dir, opts, stderr)

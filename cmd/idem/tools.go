@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // The operator tools (inspect, get, stats, check, compact, resolve) share
@@ -27,17 +28,17 @@ func openExisting(name, dir string, events bool, stderr io.Writer) (idem.Operato
 		return nil, 2
 	}
 	log := newLogger(stderr)
-	opts := &idem.Options{MustExist: true, SweepInterval: -1, Logger: log}
+	opts := &pebblestore.Options{MustExist: true, SweepInterval: -1, Logger: log}
 	if events {
 		opts.Events = log
 	}
-	db, err := idem.Open(dir, opts)
+	db, err := pebblestore.Open(dir, opts)
 	switch {
 	case err == nil:
 		return db, 0
-	case errors.Is(err, idem.ErrNoStore):
+	case errors.Is(err, pebblestore.ErrNoStore):
 		fmt.Fprintf(stderr, "idem %s: %s holds no idem store; check --data (serve and proxy create one at their first start)\n", name, dir)
-	case errors.Is(err, idem.ErrLocked):
+	case errors.Is(err, pebblestore.ErrLocked):
 		fmt.Fprintf(stderr, "idem %s: data directory %s is in use by another process, most likely a running idem serve or proxy.\n"+
 			"The tools need the store to themselves. While it runs, inspect, get, stats, resolve, check and compact work through\n"+
 			"its admin listener with --admin URL, if it was started with an admin token (--admin-token-file or "+adminTokenEnv+");\n"+

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/idemhttp"
+	"github.com/idemkv/idem/pebblestore"
 )
 
 // seeded names the records seedStore writes; each key is distinct so a
@@ -45,7 +46,7 @@ var bigBody = []byte(strings.Repeat("0123456789abcdef", 100<<10/16))
 func seedStore(t *testing.T, dir string) {
 	t.Helper()
 	var at time.Time
-	db, err := idem.Open(dir, &idem.Options{Now: func() time.Time { return at }, SweepInterval: -1,
+	db, err := pebblestore.Open(dir, &pebblestore.Options{Now: func() time.Time { return at }, SweepInterval: -1,
 		Lease: 10 * time.Minute, TTL: 30 * 24 * time.Hour, ClockTolerance: 365 * 24 * time.Hour})
 	require.NoError(t, err)
 	seedRecords(t, db, &at)
@@ -242,7 +243,7 @@ func scopeArgs(s idem.Scope) []string {
 
 func TestToolsRefuseABusyStore(t *testing.T) {
 	dir := seededDir(t)
-	db, err := idem.Open(dir, &idem.Options{SweepInterval: -1})
+	db, err := pebblestore.Open(dir, &pebblestore.Options{SweepInterval: -1})
 	require.NoError(t, err)
 	defer db.Close()
 	for _, args := range [][]string{

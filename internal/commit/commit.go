@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 )
 
 // Committer coalesces the writes of concurrent callers into one Pebble batch
@@ -96,7 +96,7 @@ func (c *Committer) Commit(fill func(b *pebble.Batch) error) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return contract.ErrClosed
+		return idem.ErrClosed
 	}
 	g := c.open
 	if err := fill(g.b); err != nil {

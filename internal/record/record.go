@@ -14,7 +14,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/klauspost/compress/s2"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -22,7 +22,7 @@ import (
 // Stored is a record as the embedded store keeps it, with the fields that
 // only the store reads.
 type Stored struct {
-	contract.Record
+	idem.Record
 	Token     [16]byte // the lease's: a new one for each lease granted
 	Chunks    uint32   // overflow body chunks stored beside the record
 	StoredLen int64    // length of the stored value, for the sweeper's byte count
@@ -62,7 +62,7 @@ const (
 const MaxInlineBodyBytes = 16 << 20
 
 // errCorrupt reports a stored value that cannot be decoded.
-var errCorrupt = contract.ErrCorrupt
+var errCorrupt = idem.ErrCorrupt
 
 // Encode appends r's value encoding to dst. Encoding into memory cannot
 // fail, so the errors are joined rather than checked one by one.
@@ -128,18 +128,18 @@ func encodeHeader(enc *msgpack.Encoder, h http.Header) error {
 }
 
 // peekHeader reads the fixed header of a stored value.
-func peekHeader(v []byte) (contract.State, int64, error) {
+func peekHeader(v []byte) (idem.State, int64, error) {
 	if len(v) < headerLen || v[0] == 0 || v[0] > formatVersion {
 		return 0, 0, errCorrupt
 	}
-	s := contract.State(v[1])
-	if s < contract.StateInProgress || s > contract.StateUnknown {
+	s := idem.State(v[1])
+	if s < idem.StateInProgress || s > idem.StateUnknown {
 		return 0, 0, errCorrupt
 	}
 	return s, int64(binary.BigEndian.Uint64(v[2:headerLen])), nil
 }
 
-// Decode decodes a stored value; damage yields contract.ErrCorrupt. It
+// Decode decodes a stored value; damage yields idem.ErrCorrupt. It
 // never panics on arbitrary input and copies everything it keeps, so v may
 // be reused afterwards.
 func Decode(v []byte) (*Stored, error) {
@@ -147,7 +147,7 @@ func Decode(v []byte) (*Stored, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Stored{Record: contract.Record{State: state, ExpiresAt: time.Unix(0, exp)}}
+	r := &Stored{Record: idem.Record{State: state, ExpiresAt: time.Unix(0, exp)}}
 	d := decoders.Get().(*recordDecoder)
 	defer d.release()
 	d.rd.Reset(v[headerLen:])
@@ -371,15 +371,15 @@ func BodyDigest(b []byte) [32]byte { return sha256.Sum256(b) }
 
 // PendingValue is the value of rec's pending-index entry: enough to count
 // and age the records that are not completed without reading them.
-func PendingValue(rec *contract.Record) []byte {
+func PendingValue(rec *idem.Record) []byte {
 	v := binary.BigEndian.AppendUint64(make([]byte, 0, 9), uint64(rec.CreatedAt.UnixNano()))
 	return append(v, byte(rec.State))
 }
 
 // ParsePending reads a pending-index value; ok is false when it is damaged.
-func ParsePending(v []byte) (created time.Time, s contract.State, ok bool) {
+func ParsePending(v []byte) (created time.Time, s idem.State, ok bool) {
 	if len(v) != 9 {
 		return time.Time{}, 0, false
 	}
-	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), contract.State(v[8]), true
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v))), idem.State(v[8]), true
 }

@@ -8,17 +8,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/klauspost/compress/s2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 func sampleRecord() *Stored {
-	return &Stored{Record: contract.Record{
-		Fingerprint: contract.Fingerprint{1, 2, 3},
-		State:       contract.StateCompleted,
-		Response: contract.Response{
+	return &Stored{Record: idem.Record{
+		Fingerprint: idem.Fingerprint{1, 2, 3},
+		State:       idem.StateCompleted,
+		Response: idem.Response{
 			Status: 201,
 			Header: http.Header{"Content-Type": {"application/json"}, "Set-Cookie": {"a=1", "b=2"}},
 			Body:   []byte(`{"ok":true}`),
@@ -34,7 +34,7 @@ func sampleRecord() *Stored {
 }
 
 func TestRecordRoundTrip(t *testing.T) {
-	for _, rec := range []*Stored{sampleRecord(), {Record: contract.Record{State: contract.StateInProgress}}} {
+	for _, rec := range []*Stored{sampleRecord(), {Record: idem.Record{State: idem.StateInProgress}}} {
 		v, err := rec.Encode(nil)
 		require.NoError(t, err)
 		got, err := Decode(v)
@@ -111,17 +111,17 @@ func TestDecodeRejectsBadCompressedBodies(t *testing.T) {
 		rec := whole()
 		mutate(rec)
 		_, err := rec.expand(c)
-		assert.ErrorIs(t, err, contract.ErrCorrupt, name)
+		assert.ErrorIs(t, err, idem.ErrCorrupt, name)
 	}
 	_, err = whole().expand(c[:len(c)-1])
-	assert.ErrorIs(t, err, contract.ErrCorrupt, "truncated")
+	assert.ErrorIs(t, err, idem.ErrCorrupt, "truncated")
 
 	v, err := whole().Encode(nil)
 	require.NoError(t, err)
 	require.Equal(t, byte(codecS2), v[len(v)-1])
 	v[len(v)-1] = 2 // an unknown codec
 	_, err = Decode(v)
-	assert.ErrorIs(t, err, contract.ErrCorrupt)
+	assert.ErrorIs(t, err, idem.ErrCorrupt)
 }
 
 // asFormat1 rewrites a formatVersion 2 value with a raw body as version 1
@@ -149,7 +149,7 @@ func TestDecodeReadsFormat1(t *testing.T) {
 	want.StoredLen = int64(len(v1))
 	assert.Equal(t, want, got)
 	_, err = Decode(v1[:len(v1)-1])
-	assert.ErrorIs(t, err, contract.ErrCorrupt)
+	assert.ErrorIs(t, err, idem.ErrCorrupt)
 }
 
 // TestDecodeAcceptsLaterFields checks the forward-compatibility rule: a
@@ -169,7 +169,7 @@ func TestDecodeRejectsDamage(t *testing.T) {
 	require.NoError(t, err)
 	for n := range len(v) {
 		_, err := Decode(v[:n])
-		assert.ErrorIs(t, err, contract.ErrCorrupt, "truncated to %d bytes", n)
+		assert.ErrorIs(t, err, idem.ErrCorrupt, "truncated to %d bytes", n)
 	}
 	for _, mutate := range []func([]byte){
 		func(b []byte) { b[0] = 0 },              // format version
@@ -182,11 +182,11 @@ func TestDecodeRejectsDamage(t *testing.T) {
 		b := append([]byte(nil), v...)
 		mutate(b)
 		_, err := Decode(b)
-		assert.ErrorIs(t, err, contract.ErrCorrupt)
+		assert.ErrorIs(t, err, idem.ErrCorrupt)
 	}
 }
 
-// FuzzDecodeRecord: decoding arbitrary bytes returns a record or contract.ErrCorrupt,
+// FuzzDecodeRecord: decoding arbitrary bytes returns a record or idem.ErrCorrupt,
 // never panics, and whatever decodes re-encodes to a value that decodes to
 // the same record.
 func FuzzDecodeRecord(f *testing.F) {
@@ -205,7 +205,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rec, err := Decode(b)
 		if err != nil {
-			require.ErrorIs(t, err, contract.ErrCorrupt)
+			require.ErrorIs(t, err, idem.ErrCorrupt)
 			return
 		}
 		again, err := rec.Encode(nil)
@@ -273,7 +273,7 @@ func TestDecodeRefusesLengthsBeyondTheValue(t *testing.T) {
 			runtime.ReadMemStats(&before)
 			_, err = Decode(forged)
 			runtime.ReadMemStats(&after)
-			assert.ErrorIs(t, err, contract.ErrCorrupt)
+			assert.ErrorIs(t, err, idem.ErrCorrupt)
 			assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "decoding allocated what the forged length claimed")
 		})
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/keys"
 )
 
@@ -137,7 +137,7 @@ func (t *Table) mayExist(h uint64) bool {
 func (t *Table) FilterLoop(warn func(error)) {
 	for {
 		var retry <-chan time.Time
-		if err := t.BuildFilter(nil); err != nil && !errors.Is(err, contract.ErrClosed) {
+		if err := t.BuildFilter(nil); err != nil && !errors.Is(err, idem.ErrClosed) {
 			warn(err)
 			retry = time.After(filterRetry)
 		}
@@ -152,7 +152,7 @@ func (t *Table) FilterLoop(warn func(error)) {
 
 // BuildFilter replaces the current filter with one built from the stored
 // records, sized by filterCapacity. It returns
-// contract.ErrClosed if stop was closed meanwhile. Builds never overlap. afterSnapshot,
+// idem.ErrClosed if stop was closed meanwhile. Builds never overlap. afterSnapshot,
 // if not nil, runs once the scan has its snapshot: tests write behind the
 // scan's back with it. It is an argument rather than a field so that only
 // the build a test starts runs it, never one of the background loop's.
@@ -247,7 +247,7 @@ func (t *Table) scanRecordKeys(f *keyFilter, afterSnapshot func()) (int64, error
 			select {
 			case <-t.stop:
 				it.Close()
-				return 0, contract.ErrClosed
+				return 0, idem.ErrClosed
 			default:
 			}
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/commit"
 	"github.com/idemkv/idem/internal/keys"
 	"github.com/idemkv/idem/internal/record"
@@ -101,10 +101,10 @@ func storeRecords(t *testing.T, tb *Table, from, to int) {
 		st.Lock()
 		old, _, err := tb.ReadLocked(rk, testNow)
 		if err == nil {
-			rec := &record.Stored{Record: contract.Record{State: contract.StateInProgress, CreatedAt: testNow,
+			rec := &record.Stored{Record: idem.Record{State: idem.StateInProgress, CreatedAt: testNow,
 				ExpiresAt: testNow.Add(time.Hour), LeaseUntil: testNow.Add(time.Minute), Attempts: 1}}
 			if i%2 == 0 {
-				rec.State, rec.Response.Status = contract.StateCompleted, 201
+				rec.State, rec.Response.Status = idem.StateCompleted, 201
 			}
 			_, err = tb.WriteLocked(rk, old, rec, nil)
 		}
@@ -123,9 +123,9 @@ func requireStored(t *testing.T, tb *Table, from, to int) {
 		require.NoError(t, err, "key %d", i)
 		require.NotNil(t, rec, "key %d read as absent: the filter lost it", i)
 		assert.True(t, live, "key %d", i)
-		want := contract.StateInProgress
+		want := idem.StateInProgress
 		if i%2 == 0 {
-			want = contract.StateCompleted
+			want = idem.StateCompleted
 		}
 		require.Equal(t, want, rec.State, "key %d", i)
 	}
@@ -184,7 +184,7 @@ func TestFilterGrowsWithTheStoreWhileWritesGoOn(t *testing.T) {
 				rk := testKey(i)
 				st := tb.Stripe(rk)
 				st.Lock()
-				rec := &record.Stored{Record: contract.Record{State: contract.StateInProgress, ExpiresAt: testNow.Add(time.Hour)}}
+				rec := &record.Stored{Record: idem.Record{State: idem.StateInProgress, ExpiresAt: testNow.Add(time.Hour)}}
 				_, err := tb.WriteLocked(rk, nil, rec, nil)
 				var got *record.Stored
 				if err == nil {

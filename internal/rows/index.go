@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/keys"
 	"github.com/idemkv/idem/internal/record"
 )
@@ -20,10 +20,10 @@ import (
 
 // Pending is one entry of the pending index.
 type Pending struct {
-	RK      []byte         // the record's key
-	Due     time.Time      // the end of its lease, or when it left progress
-	Created time.Time      // when it was claimed
-	State   contract.State // its state
+	RK      []byte     // the record's key
+	Due     time.Time  // the end of its lease, or when it left progress
+	Created time.Time  // when it was claimed
+	State   idem.State // its state
 }
 
 // ScanPending calls fn for each pending-index entry due before until, in
@@ -39,7 +39,7 @@ func (t *Table) ScanPending(until time.Time, fn func(Pending) bool) error {
 		due, rk, err := keys.ParseIndex(it.Key())
 		created, state, vok := record.ParsePending(it.Value())
 		if err != nil || !vok {
-			return errors.Join(fmt.Errorf("%w: pending index entry", contract.ErrCorrupt), it.Close())
+			return errors.Join(fmt.Errorf("%w: pending index entry", idem.ErrCorrupt), it.Close())
 		}
 		e := Pending{RK: append([]byte(nil), rk...), Due: time.Unix(0, due), Created: created, State: state}
 		if !fn(e) {

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/idemkv/idem/contract"
+	"github.com/idemkv/idem"
 	"github.com/idemkv/idem/internal/commit"
 	"github.com/idemkv/idem/internal/keys"
 	"github.com/idemkv/idem/internal/record"
@@ -256,9 +256,9 @@ func (w *batchOps) deleteRange(lo, hi []byte) {
 
 // IndexKeys returns rec's expiry-index key and, unless it is completed, its
 // pending-index key.
-func IndexKeys(rk []byte, rec *contract.Record) (xk, pk []byte) {
+func IndexKeys(rk []byte, rec *idem.Record) (xk, pk []byte) {
 	xk = keys.AppendIndex(nil, keys.TagExpiry, rec.ExpiresAt.UnixNano(), rk)
-	if rec.State != contract.StateCompleted {
+	if rec.State != idem.StateCompleted {
 		pk = keys.AppendIndex(nil, keys.TagPending, rec.LeaseUntil.UnixNano(), rk)
 	}
 	return xk, pk
@@ -315,7 +315,7 @@ func (t *Table) LoadBody(rk []byte, rec *record.Stored) error {
 		return fmt.Errorf("idem: read body: %w", err)
 	}
 	if n != rec.Chunks || int64(len(body)) != rec.BodyLen || record.BodyDigest(body) != rec.BodyDigest {
-		return fmt.Errorf("%w: body chunks do not match the record", contract.ErrCorrupt)
+		return fmt.Errorf("%w: body chunks do not match the record", idem.ErrCorrupt)
 	}
 	rec.Response.Body = body
 	return nil
