@@ -44,8 +44,15 @@ func run(runs *int, resp idem.Response, err error) func(context.Context, idem.Le
 	}
 }
 
+func memStore(t *testing.T) *idemtest.MemStore {
+	t.Helper()
+	db, err := idemtest.NewMemStore(nil)
+	require.NoError(t, err)
+	return db
+}
+
 func TestDoRunsOnceAndReplays(t *testing.T) {
-	db := idemtest.NewMemStore(nil)
+	db := memStore(t)
 	runs := 0
 	resp, replayed, err := idem.Do(ctx, db, scope("k1"), fp("a"), run(&runs, paid, nil))
 	require.NoError(t, err)
@@ -65,7 +72,7 @@ func TestDoRunsOnceAndReplays(t *testing.T) {
 }
 
 func TestDoErrorsDecideTheOutcome(t *testing.T) {
-	db := idemtest.NewMemStore(nil)
+	db := memStore(t)
 	runs := 0
 	noEffect := fmt.Errorf("card declined before capture: %w", idem.ErrNoEffect)
 	_, _, err := idem.Do(ctx, db, scope("released"), fp("a"), run(&runs, idem.Response{}, noEffect))
@@ -89,7 +96,7 @@ func TestDoErrorsDecideTheOutcome(t *testing.T) {
 }
 
 func TestDoPanicAndGoexitRecordUnknown(t *testing.T) {
-	db := idemtest.NewMemStore(nil)
+	db := memStore(t)
 	assert.PanicsWithValue(t, "boom", func() {
 		_, _, _ = idem.Do(ctx, db, scope("panic"), fp("a"), func(context.Context, idem.Lease) (idem.Response, error) {
 			panic("boom")
@@ -114,7 +121,7 @@ func TestDoPanicAndGoexitRecordUnknown(t *testing.T) {
 // TestDoRecordsOutcomeAfterCancel: a caller that gives up while the
 // operation runs must not leave the record in progress.
 func TestDoRecordsOutcomeAfterCancel(t *testing.T) {
-	db := idemtest.NewMemStore(nil)
+	db := memStore(t)
 	cctx, cancel := context.WithCancel(ctx)
 	_, _, err := idem.Do(cctx, db, scope("k1"), fp("a"), func(context.Context, idem.Lease) (idem.Response, error) {
 		cancel()
@@ -129,7 +136,7 @@ func TestDoRecordsOutcomeAfterCancel(t *testing.T) {
 // TestDoKeepsAnUnstoredResponse: when the outcome cannot be stored, Do
 // hands out the error, never the response a retry could not get back.
 func TestDoKeepsAnUnstoredResponse(t *testing.T) {
-	db := idemtest.NewMemStore(nil)
+	db := memStore(t)
 	resp, replayed, err := idem.Do(ctx, db, scope("k1"), fp("a"), run(new(int), idem.Response{Status: 42, Body: []byte("x")}, nil))
 	require.ErrorIs(t, err, idem.ErrInvalidResponse)
 	assert.False(t, replayed)

@@ -53,9 +53,14 @@ type KeyError struct {
 	Err error
 	// State is the stored record's state.
 	State State
-	// RetryAfter is how long a caller should wait before retrying; set for
-	// ErrInProgress only.
+	// RetryAfter is how long a caller should wait before retrying: set for
+	// ErrInProgress, and for ErrOutcomePending while Reconciling.
 	RetryAfter time.Duration
+	// Reconciling says that the record is in progress past its lease and
+	// that the store hands such claims to a reconciler, which may settle
+	// it within RetryAfter; a front end then asks the client to retry
+	// rather than to wait for an operator.
+	Reconciling bool
 	// Tenant and Endpoint say where the key lives; the key itself is left
 	// out because error strings end up in logs.
 	Tenant, Endpoint string

@@ -185,7 +185,10 @@ func newNoopBench(mem bool) (*noopBench, error) {
 	n := &noopBench{}
 	if mem {
 		clock := idemtest.NewClock()
-		ms := idemtest.NewMemStore(&idemtest.MemOptions{Now: clock.Now})
+		ms, err := idemtest.NewMemStore(&idemtest.MemOptions{Now: clock.Now})
+		if err != nil {
+			return nil, err
+		}
 		n.db, n.sweep = ms, func() error {
 			clock.Advance(25 * time.Hour) // past the default TTL
 			_, err := ms.Sweep(context.Background())

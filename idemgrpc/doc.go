@@ -77,7 +77,7 @@
 //	an earlier attempt failed or is      FailedPrecondition   outcome_pending          no, until it is resolved
 //	unknown, or its lease ran out
 //	a lease ran out and a reconciler     Aborted + RetryInfo  request_in_progress      yes, same key, after
-//	runs (Options.ReconcileEvery)                                                      ReconcileEvery
+//	is at work (KeyError.Reconciling)                                                  its next pass
 //	the stored response was too large    FailedPrecondition   response_body_omitted    no: it ran, a new key runs it again
 //	to keep (original_code in metadata)
 //	the store fails the claim            Unavailable +        store_unavailable        yes, same key: nothing ran

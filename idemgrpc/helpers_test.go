@@ -47,10 +47,17 @@ type env struct {
 // setup serves the test service with the interceptor configured by o,
 // whose Store defaults to a new MemStore and Tenant to the caller's
 // "authorization" metadata.
+func memStore(t *testing.T, o *idemtest.MemOptions) *idemtest.MemStore {
+	t.Helper()
+	m, err := idemtest.NewMemStore(o)
+	require.NoError(t, err)
+	return m
+}
+
 func setup(t *testing.T, o idemgrpc.Options) *env {
 	t.Helper()
 	if o.Store == nil {
-		o.Store = idemtest.NewMemStore(nil)
+		o.Store = memStore(t, nil)
 	}
 	if o.Tenant == nil {
 		o.Tenant = tenantFromMetadata

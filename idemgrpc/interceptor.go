@@ -61,16 +61,6 @@ type Options struct {
 	// Default: 0, refuse at once.
 	Wait time.Duration
 
-	// ReconcileEvery says that the store runs a reconciler (such as
-	// pebblestore.Options.Reconcile) that passes this often. A retry that finds
-	// a claim whose lease ran out, its outcome never recorded, is then
-	// refused with Aborted request_in_progress and a RetryInfo of this
-	// delay, since the reconciler will settle it; without a reconciler it
-	// gets FailedPrecondition outcome_pending, which says that an operator
-	// must. Records marked unknown are never reconciled and always get
-	// outcome_pending. Default: 0, no reconciler.
-	ReconcileEvery time.Duration
-
 	// MismatchCode is the code for a key reused with another request.
 	// Default: codes.FailedPrecondition.
 	MismatchCode codes.Code
@@ -164,9 +154,6 @@ func UnaryServerInterceptor(o Options) (grpc.UnaryServerInterceptor, error) {
 	}
 	if o.Wait < 0 {
 		bad("Options.Wait %s must not be negative", o.Wait)
-	}
-	if o.ReconcileEvery < 0 {
-		bad("Options.ReconcileEvery %s must not be negative", o.ReconcileEvery)
 	}
 	if o.MismatchCode == codes.OK {
 		o.MismatchCode = codes.FailedPrecondition
@@ -262,10 +249,10 @@ func (m *interceptor) refuse(err error) error {
 	case errors.Is(err, idem.ErrInProgress) && errors.As(err, &ke):
 		return m.problem(codes.Aborted, idem.CodeInProgress,
 			"a call with this idempotency key is still being processed; retry with the same key", max(ke.RetryAfter, time.Millisecond), nil)
-	case errors.Is(err, idem.ErrOutcomePending) && errors.As(err, &ke) && ke.State == idem.StateInProgress && m.opts.ReconcileEvery > 0:
-		// Its lease ran out, and the reconciler picks it up on its next
-		// pass: the retry is worth making.
-		return m.problem(codes.Aborted, idem.CodeInProgress, idem.ReconcilingDetail, m.opts.ReconcileEvery, nil)
+	case errors.Is(err, idem.ErrOutcomePending) && errors.As(err, &ke) && ke.Reconciling:
+		// Its lease ran out, and the store's reconciler picks it up on its
+		// next pass: the retry is worth making.
+		return m.problem(codes.Aborted, idem.CodeInProgress, idem.ReconcilingDetail, ke.RetryAfter, nil)
 	case errors.Is(err, idem.ErrOutcomePending):
 		return m.problem(codes.FailedPrecondition, idem.CodeOutcomePending,
 			"an earlier attempt with this idempotency key "+idem.PendingOutcome(err)+"; every retry with this key gets this answer "+

@@ -272,7 +272,7 @@ func TestPanicRecordsUnknown(t *testing.T) {
 }
 
 func TestStoreDown(t *testing.T) {
-	store := idemtest.NewMemStore(nil)
+	store := memStore(t, nil)
 	e := setup(t, idemgrpc.Options{Store: store})
 	require.NoError(t, store.Close())
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
@@ -301,7 +301,7 @@ func (failingLease) Complete(context.Context, idem.Response) error {
 // An answer that could not be stored is not sent: the retry must be able
 // to get back whatever the client holds. The retry never runs it again.
 func TestOutcomeNotStored(t *testing.T) {
-	e := setup(t, idemgrpc.Options{Store: failingComplete{idemtest.NewMemStore(nil)}})
+	e := setup(t, idemgrpc.Options{Store: failingComplete{memStore(t, nil)}})
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
 	st := refused(t, err, codes.Unavailable, idem.CodeStoreUnavailable)
 	assert.Contains(t, st.Message(), "ran")
@@ -311,7 +311,7 @@ func TestOutcomeNotStored(t *testing.T) {
 }
 
 func TestAnswerTooLargeToKeep(t *testing.T) {
-	e := setup(t, idemgrpc.Options{Store: idemtest.NewMemStore(&idemtest.MemOptions{MaxBodyBytes: 8})})
+	e := setup(t, idemgrpc.Options{Store: memStore(t, &idemtest.MemOptions{MaxBodyBytes: 8})})
 	e.app = func(context.Context, string, *structpb.Struct) (*wrapperspb.StringValue, error) {
 		return wrapperspb.String(strings.Repeat("x", 64)), nil
 	}
@@ -340,7 +340,7 @@ func (s replaying) Claim(context.Context, idem.Scope, idem.Fingerprint) (idem.Le
 func TestReplayOfAnUnknownType(t *testing.T) {
 	rec := &idem.Record{State: idem.StateCompleted, Response: idem.Response{Status: 200,
 		Header: map[string][]string{"Grpc-Status": {"0"}, "Grpc-Message-Type": {"test.Gone"}}}}
-	e := setup(t, idemgrpc.Options{Store: replaying{idemtest.NewMemStore(nil), rec}})
+	e := setup(t, idemgrpc.Options{Store: replaying{memStore(t, nil), rec}})
 	_, _, err := e.call(t, payMethod, "acme", payment(t, 42), "k1")
 	assert.Equal(t, codes.Internal, status.Code(err))
 	assert.Contains(t, status.Convert(err).Message(), "test.Gone")
@@ -349,14 +349,13 @@ func TestReplayOfAnUnknownType(t *testing.T) {
 
 func TestOptionsValidation(t *testing.T) {
 	_, err := idemgrpc.UnaryServerInterceptor(idemgrpc.Options{
-		Required:       []string{payMethod, "Pay", "/test.Payments/", "//Pay", "/a/b/c"},
-		Wait:           -time.Second,
-		ReconcileEvery: -time.Second,
-		MismatchCode:   99,
+		Required:     []string{payMethod, "Pay", "/test.Payments/", "//Pay", "/a/b/c"},
+		Wait:         -time.Second,
+		MismatchCode: 99,
 	})
 	require.Error(t, err)
 	msg := err.Error()
-	for _, want := range []string{"Store", "Tenant", `"Pay"`, `"/test.Payments/"`, `"//Pay"`, `"/a/b/c"`, "Wait", "ReconcileEvery", "MismatchCode"} {
+	for _, want := range []string{"Store", "Tenant", `"Pay"`, `"/test.Payments/"`, `"//Pay"`, `"/a/b/c"`, "Wait", "MismatchCode"} {
 		assert.Contains(t, msg, want)
 	}
 	assert.NotContains(t, msg, `"`+payMethod+`"`)
@@ -384,12 +383,16 @@ func TestOverdueClaimAnswer(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			clock := idemtest.NewClock()
-			store := idemtest.NewMemStore(&idemtest.MemOptions{Now: clock.Now})
+			mo := &idemtest.MemOptions{Now: clock.Now, ReconcileEvery: c.every}
+			if c.every > 0 {
+				mo.Reconcile = func(context.Context, idem.Lease) error { return nil }
+			}
+			store := memStore(t, mo)
 			crashed := setup(t, idemgrpc.Options{Store: idemtest.Forgetful(store)})
 			_, _, err := crashed.call(t, payMethod, "acme", payment(t, 42), "k")
 			require.NoError(t, err)
 
-			e := setup(t, idemgrpc.Options{Store: store, ReconcileEvery: c.every})
+			e := setup(t, idemgrpc.Options{Store: store})
 			clock.Advance(time.Hour) // past the lease, within the TTL
 			_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "k")
 			st := refused(t, err, c.code, c.reason)

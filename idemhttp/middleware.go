@@ -128,16 +128,6 @@ type Options struct {
 	// gets what the first attempt got.
 	Outcomes OutcomePolicy
 
-	// ReconcileEvery says that the store runs a reconciler (such as
-	// pebblestore.Options.Reconcile) that finds out what became of claims whose
-	// lease ran out, and how often it looks for them. A retry that finds
-	// such a claim then gets 409 request_in_progress, with ReconcileEvery
-	// as its Retry-After, since its outcome is being looked up; without a
-	// reconciler it gets 409 outcome_pending, which says that an operator
-	// must resolve it. Records marked unknown or failed are never
-	// reconciled and always get outcome_pending. Default: 0, no reconciler.
-	ReconcileEvery time.Duration
-
 	// Logger receives failures to store outcomes. Default: slog.Default().
 	Logger *slog.Logger
 
@@ -290,9 +280,6 @@ func newMiddleware(o Options) (*middleware, error) {
 	}
 	if o.Wait < 0 {
 		bad("Options.Wait %s must not be negative", o.Wait)
-	}
-	if o.ReconcileEvery < 0 {
-		bad("Options.ReconcileEvery %s must not be negative", o.ReconcileEvery)
 	}
 	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
 		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
@@ -521,11 +508,11 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 	case errors.Is(err, idem.ErrInProgress) && errors.As(err, &ke):
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: idem.CodeInProgress,
 			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
-	case errors.Is(err, idem.ErrOutcomePending) && errors.As(err, &ke) && ke.State == idem.StateInProgress && m.opts.ReconcileEvery > 0:
-		// Its lease ran out, and the reconciler picks it up on its next
-		// pass: the retry is worth making.
+	case errors.Is(err, idem.ErrOutcomePending) && errors.As(err, &ke) && ke.Reconciling:
+		// Its lease ran out, and the store's reconciler picks it up on its
+		// next pass: the retry is worth making.
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: idem.CodeInProgress,
-			Detail: idem.ReconcilingDetail}, m.opts.ReconcileEvery)
+			Detail: idem.ReconcilingDetail}, ke.RetryAfter)
 	case errors.Is(err, idem.ErrOutcomePending):
 		return m.problem(w, Problem{Status: http.StatusConflict, Code: idem.CodeOutcomePending,
 			Detail: "an earlier attempt with this idempotency key " + idem.PendingOutcome(err) + "; every retry with this key gets this answer " +

@@ -10,7 +10,7 @@
 // Clock, so that leases run out and records expire when the test says:
 //
 //	clock := idemtest.NewClock()
-//	store := idemtest.NewMemStore(&idemtest.MemOptions{Now: clock.Now})
+//	store, err := idemtest.NewMemStore(&idemtest.MemOptions{Now: clock.Now})
 //	defer store.Close()
 //	// ... claim, then:
 //	clock.Advance(time.Minute) // the default 30-second lease has run out

@@ -15,7 +15,10 @@ import (
 // runs and stores its answer, a retry replays it, and another request
 // under the same key is refused.
 func ExampleMemStore() {
-	store := idemtest.NewMemStore(&idemtest.MemOptions{Now: idemtest.NewClock().Now})
+	store, err := idemtest.NewMemStore(&idemtest.MemOptions{Now: idemtest.NewClock().Now})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer store.Close()
 
 	ctx := context.Background()

@@ -26,11 +26,12 @@ type MemOptions struct {
 	Now func() time.Time
 
 	// Lease is how long a claim is held before it counts as abandoned.
-	// Default: 30 seconds.
+	// Default: 30 seconds (idem.DefaultLease).
 	Lease time.Duration
 
-	// TTL is how long a record is kept after it is claimed.
-	// Default: 24 hours.
+	// TTL is how long a record is kept after it is claimed: at least
+	// idem.MinTTLLeases leases, as in every store. Default: 24 hours
+	// (idem.DefaultTTL).
 	TTL time.Duration
 
 	// EndpointTTL overrides TTL for the endpoints it names. Default: none.
@@ -44,6 +45,14 @@ type MemOptions struct {
 	// Reconcile is handed each overdue record, under a fresh lease, by
 	// MemStore.Reconcile; see pebblestore.Options.Reconcile. Default: none.
 	Reconcile func(ctx context.Context, l idem.Lease) error
+
+	// ReconcileEvery is how often the test calls Reconcile, since a
+	// MemStore runs no loop of its own. With a Reconcile, a claim of an
+	// overdue record says that a reconciler is at work
+	// (idem.KeyError.Reconciling), with this period as its RetryAfter, as
+	// the real stores say of their loop. Default: 0, no reconciler at
+	// work.
+	ReconcileEvery time.Duration
 }
 
 // MemStore is an in-memory idem.Operator with the semantics of the
@@ -77,49 +86,47 @@ type memRecord struct {
 
 var _ idem.Operator = (*MemStore)(nil)
 
-// NewMemStore returns an empty store. It panics, with an error matching
-// idem.ErrInvalidOptions, when a duration or MaxBodyBytes is
-// negative or an EndpointTTL is not positive.
-func NewMemStore(opts *MemOptions) *MemStore {
+// NewMemStore returns an empty store. It validates opts as the real
+// stores do: its error lists every bad field and matches
+// idem.ErrInvalidOptions.
+func NewMemStore(opts *MemOptions) (*MemStore, error) {
 	var o MemOptions
 	if opts != nil {
 		o = *opts
 	}
 	o.EndpointTTL = maps.Clone(o.EndpointTTL)
-	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{idem.ErrInvalidOptions}, args...)...))
-	}
-	if o.Lease < 0 {
-		bad("Lease %s is negative", o.Lease)
-	}
-	if o.TTL < 0 {
-		bad("TTL %s is negative", o.TTL)
-	}
-	for ep, ttl := range o.EndpointTTL {
-		if ttl <= 0 {
-			bad("EndpointTTL[%q] %s must be positive", ep, ttl)
-		}
-	}
-	if o.MaxBodyBytes < 0 {
-		bad("MaxBodyBytes %d is negative", o.MaxBodyBytes)
-	}
-	if err := errors.Join(errs...); err != nil {
-		panic(err)
-	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
 	if o.Lease == 0 {
-		o.Lease = 30 * time.Second
+		o.Lease = idem.DefaultLease
 	}
 	if o.TTL == 0 {
-		o.TTL = 24 * time.Hour
+		o.TTL = idem.DefaultTTL
 	}
 	if o.MaxBodyBytes == 0 {
-		o.MaxBodyBytes = 4 << 20
+		o.MaxBodyBytes = idem.DefaultMaxBodyBytes
 	}
-	return &MemStore{opts: o, recs: map[idem.Scope]*memRecord{}, waiters: map[idem.Scope][]chan struct{}{}}
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: idemtest: "+format, append([]any{idem.ErrInvalidOptions}, args...)...))
+	}
+	if o.Lease < 0 {
+		bad("Lease %s must be positive", o.Lease)
+	}
+	if err := idem.CheckTTLs(o.TTL, o.EndpointTTL, o.Lease); err != nil {
+		errs = append(errs, err)
+	}
+	if o.MaxBodyBytes < 0 {
+		bad("MaxBodyBytes %d is negative", o.MaxBodyBytes)
+	}
+	if o.ReconcileEvery < 0 {
+		bad("ReconcileEvery %s is negative", o.ReconcileEvery)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &MemStore{opts: o, recs: map[idem.Scope]*memRecord{}, waiters: map[idem.Scope][]chan struct{}{}}, nil
 }
 
 // now reads the clock without its monotonic reading, so that times stored
@@ -184,28 +191,19 @@ func (m *MemStore) Claim(ctx context.Context, s idem.Scope, fp idem.Fingerprint)
 	return &memLease{m: m, scope: s, token: r.token, rec: r.rec}, nil, nil
 }
 
-// answerLocked decides what a claim of the live record r gets. The
-// fingerprint is compared first: a key reused for another request is
-// refused for good, whatever state the first request is in.
+// answerLocked answers a claim of the live record r as idem.Decide says.
 func (m *MemStore) answerLocked(r *memRecord, fp idem.Fingerprint, now time.Time) (*idem.Record, error) {
-	refuse := func(err error, retry time.Duration) error {
-		return &idem.KeyError{Err: err, State: r.rec.State, RetryAfter: retry, Tenant: r.rec.Scope.Tenant, Endpoint: r.rec.Scope.Endpoint}
+	every := m.opts.ReconcileEvery
+	if m.opts.Reconcile == nil {
+		every = 0
 	}
-	switch {
-	case r.rec.Fingerprint != fp:
-		m.stats.Events[idem.EventMismatch]++
-		return nil, refuse(idem.ErrFingerprintMismatch, 0)
-	case r.rec.State == idem.StateCompleted:
-		m.stats.Events[idem.EventReplayed]++
-		rec := cloneRecord(r.rec)
-		return &rec, nil
-	case r.rec.State == idem.StateInProgress && now.Before(r.rec.LeaseUntil):
-		m.stats.Events[idem.EventConflict]++
-		return nil, refuse(idem.ErrInProgress, min(time.Second, r.rec.LeaseUntil.Sub(now)))
-	default:
-		m.stats.Events[idem.EventPending]++
-		return nil, refuse(idem.ErrOutcomePending, 0)
+	event, err := idem.Decide(&r.rec, fp, now, every)
+	m.stats.Events[event]++
+	if err != nil {
+		return nil, err
 	}
+	rec := cloneRecord(r.rec)
+	return &rec, nil
 }
 
 // Get returns the live record for s, as idem.Store.Get says.
@@ -398,14 +396,11 @@ func (m *MemStore) takeOver(s idem.Scope, overdueOnly bool) (*memLease, error) {
 	if r == nil {
 		return nil, idem.ErrNotFound
 	}
-	held := r.rec.State == idem.StateInProgress && now.Before(r.rec.LeaseUntil)
-	switch {
-	case overdueOnly && (r.rec.State != idem.StateInProgress || held):
+	if overdueOnly && (r.rec.State != idem.StateInProgress || now.Before(r.rec.LeaseUntil)) {
 		return nil, errNotOverdue
-	case r.rec.State == idem.StateCompleted:
-		return nil, fmt.Errorf("%w (tenant %q, endpoint %q)", idem.ErrCompleted, s.Tenant, s.Endpoint)
-	case held:
-		return nil, &idem.KeyError{Err: idem.ErrInProgress, State: r.rec.State, RetryAfter: r.rec.LeaseUntil.Sub(now), Tenant: s.Tenant, Endpoint: s.Endpoint}
+	}
+	if err := idem.CheckTakeOver(&r.rec, now); err != nil {
+		return nil, err
 	}
 	m.tokens++
 	r.token = m.tokens

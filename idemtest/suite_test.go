@@ -103,7 +103,8 @@ func TestBrokenStoreChild(t *testing.T) {
 	b, ok := brokenStores[name]
 	require.True(t, ok, "no broken store %q", name)
 	TestStore(t, func(t *testing.T, now func() time.Time) idem.Store {
-		m := NewMemStore(&MemOptions{Now: now})
+		m, err := NewMemStore(&MemOptions{Now: now})
+		require.NoError(t, err)
 		t.Cleanup(func() { _ = m.Close() })
 		return b.wrap(m)
 	})

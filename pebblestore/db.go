@@ -400,31 +400,23 @@ func (db *Store) Options() Options {
 	return o
 }
 
-// answerLocked decides what a claim of a live record gets; the claim
-// began at start.
+// answerLocked answers a claim of a live record as idem.Decide says; the
+// claim began at start. The event of a mismatch shows the stored
+// fingerprint: the one a client keeps colliding with is what a person
+// debugging the 422 looks for.
 func (db *Store) answerLocked(rk []byte, s idem.Scope, rec *record.Stored, fp idem.Fingerprint, now, start time.Time) (*idem.Record, error) {
 	rec.Scope = s
-	refuse := func(event idem.Event, err error, retry time.Duration) error {
-		db.note(event, s, &rec.Record, start)
-		return &idem.KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: s.Tenant, Endpoint: s.Endpoint}
-	}
-	if rec.Fingerprint != fp {
-		// The event shows the stored fingerprint: the one a client keeps
-		// colliding with is what a person debugging the 422 looks for.
-		return nil, refuse(idem.EventMismatch, idem.ErrFingerprintMismatch, 0)
-	}
-	switch {
-	case rec.State == idem.StateCompleted:
+	event, err := idem.Decide(&rec.Record, fp, now, db.opts.reconcileEvery())
+	if err == nil {
 		if err := db.rows.LoadBody(rk, rec); err != nil {
 			return nil, err
 		}
-		db.note(idem.EventReplayed, s, &rec.Record, start)
-		return &rec.Record, nil
-	case rec.State == idem.StateInProgress && now.Before(rec.LeaseUntil):
-		return nil, refuse(idem.EventConflict, idem.ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
-	default:
-		return nil, refuse(idem.EventPending, idem.ErrOutcomePending, 0)
 	}
+	db.note(event, s, &rec.Record, start)
+	if err != nil {
+		return nil, err
+	}
+	return &rec.Record, nil
 }
 
 // Get returns the live record for s, as idem.Store.Get says.

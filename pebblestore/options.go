@@ -150,15 +150,15 @@ func (o *Options) withDefaults() (Options, error) {
 			*p = d
 		}
 	}
-	def(&c.TTL, 24*time.Hour)
-	def(&c.Lease, 30*time.Second)
-	def(&c.SweepInterval, time.Minute)
+	def(&c.TTL, idem.DefaultTTL)
+	def(&c.Lease, idem.DefaultLease)
+	def(&c.SweepInterval, idem.DefaultSweepInterval)
 	def(&c.ClockTolerance, 5*time.Second)
 	if c.InlineBodyBytes == 0 {
 		c.InlineBodyBytes = 64 << 10
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = max(4<<20, int64(c.InlineBodyBytes))
+		c.MaxBodyBytes = max(idem.DefaultMaxBodyBytes, int64(c.InlineBodyBytes))
 	}
 	if c.CompactBytes == 0 {
 		c.CompactBytes = 64 << 20
@@ -225,4 +225,13 @@ func (o *Options) ttlFor(endpoint string) time.Duration {
 		return ttl
 	}
 	return o.TTL
+}
+
+// reconcileEvery is how often the background loop hands overdue claims to
+// Reconcile, 0 when it does not, for idem.Decide.
+func (o *Options) reconcileEvery() time.Duration {
+	if o.Reconcile == nil || o.SweepInterval <= 0 {
+		return 0
+	}
+	return o.SweepInterval
 }

@@ -119,7 +119,7 @@ func (db *Store) TakeOver(ctx context.Context, s idem.Scope) (idem.Lease, error)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	l, err := db.takeOver(s, stuck)
+	l, err := db.takeOver(s, idem.CheckTakeOver)
 	if err != nil {
 		return nil, err
 	}
@@ -127,25 +127,13 @@ func (db *Store) TakeOver(ctx context.Context, s idem.Scope) (idem.Lease, error)
 }
 
 // A takeover rule says whether a live record may get a new lease at now.
-type takeoverRule func(s idem.Scope, rec *idem.Record, now time.Time) error
+type takeoverRule func(rec *idem.Record, now time.Time) error
 
 // overdueOnly admits in-progress records past their lease: what the
 // reconciler looks at.
-func overdueOnly(_ idem.Scope, rec *idem.Record, now time.Time) error {
+func overdueOnly(rec *idem.Record, now time.Time) error {
 	if rec.State != idem.StateInProgress || now.Before(rec.LeaseUntil) {
 		return errNotOverdue
-	}
-	return nil
-}
-
-// stuck admits every record whose outcome is not settled and that nobody
-// is working on.
-func stuck(s idem.Scope, rec *idem.Record, now time.Time) error {
-	switch {
-	case rec.State == idem.StateCompleted:
-		return fmt.Errorf("%w (tenant %q, endpoint %q)", idem.ErrCompleted, s.Tenant, s.Endpoint)
-	case rec.State == idem.StateInProgress && now.Before(rec.LeaseUntil):
-		return &idem.KeyError{Err: idem.ErrInProgress, State: rec.State, RetryAfter: rec.LeaseUntil.Sub(now), Tenant: s.Tenant, Endpoint: s.Endpoint}
 	}
 	return nil
 }
@@ -171,7 +159,8 @@ func (db *Store) takeOver(s idem.Scope, rule takeoverRule) (*lease, error) {
 	if !live {
 		return nil, idem.ErrNotFound
 	}
-	if err := rule(s, &cur.Record, now); err != nil {
+	cur.Scope = s
+	if err := rule(&cur.Record, now); err != nil {
 		return nil, err
 	}
 	token, err := uuid.NewRandom()

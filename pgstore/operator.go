@@ -166,11 +166,9 @@ func (s *Store) TakeOver(ctx context.Context, sc idem.Scope) (idem.Lease, error)
 			return nil, idem.ErrNotFound
 		case err != nil:
 			return nil, s.fail("take-over", err)
-		case r.rec.State == idem.StateCompleted:
-			return nil, fmt.Errorf("%w (tenant %q, endpoint %q)", idem.ErrCompleted, sc.Tenant, sc.Endpoint)
-		case r.rec.State == idem.StateInProgress && now.Before(r.rec.LeaseUntil):
-			return nil, &idem.KeyError{Err: idem.ErrInProgress, State: r.rec.State,
-				RetryAfter: r.rec.LeaseUntil.Sub(now), Tenant: sc.Tenant, Endpoint: sc.Endpoint}
+		}
+		if err := idem.CheckTakeOver(&r.rec, now); err != nil {
+			return nil, err
 		}
 		// The record became stuck between the two statements: try again.
 	}

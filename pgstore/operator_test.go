@@ -146,3 +146,30 @@ func TestRecordsPages(t *testing.T) {
 	}
 	assert.Equal(t, want, got)
 }
+
+// TestLoopSweepsUntilClose: the store's own loop deletes expired records
+// at its interval, and Close stops it before closing the pool.
+func TestLoopSweepsUntilClose(t *testing.T) {
+	clock := idemtest.NewClock()
+	s := open(t, pgtest.DSN(t), quiet(&pgstore.Options{Now: clock.Now, Lease: time.Minute, TTL: time.Hour,
+		SweepInterval: time.Millisecond}))
+	l, _, err := s.Claim(t.Context(), scope("k"), fp)
+	require.NoError(t, err)
+	require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200}))
+	clock.Advance(2 * time.Hour)
+
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m, err := s.Metrics(t.Context())
+		require.NoError(t, err)
+		if m.Events[idem.EventSwept] == 1 {
+			assert.Zero(t, m.Expired)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the loop swept nothing in a minute")
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, s.Close())
+	assert.ErrorIs(t, s.Ping(t.Context()), idem.ErrClosed)
+	require.NoError(t, s.Close(), "a second Close is harmless")
+}

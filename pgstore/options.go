@@ -57,6 +57,14 @@ type Options struct {
 	// overdue records are only counted.
 	Reconcile func(ctx context.Context, l idem.Lease) error
 
+	// SweepInterval is how often the store's background loop deletes
+	// expired records (Sweep) and, with a Reconcile, hands overdue claims
+	// to it (Store.Reconcile). Replicas take turns: a sweep that finds
+	// another replica sweeping does nothing, and each overdue claim goes
+	// to one replica. Negative disables the loop; Sweep and Reconcile can
+	// still be called. Default: 1 minute (idem.DefaultSweepInterval).
+	SweepInterval time.Duration
+
 	// Events, when set, gets one Info line per event (idem.LogEvent).
 	// Default: none.
 	Events *slog.Logger
@@ -101,12 +109,13 @@ func (o *Options) withDefaults() (Options, error) {
 			*p = d
 		}
 	}
-	def(&c.Lease, 30*time.Second)
-	def(&c.TTL, 24*time.Hour)
+	def(&c.Lease, idem.DefaultLease)
+	def(&c.TTL, idem.DefaultTTL)
+	def(&c.SweepInterval, idem.DefaultSweepInterval)
 	def(&c.ClaimWait, 2*time.Second)
 	def(&c.ClockSkew, time.Second)
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 4 << 20
+		c.MaxBodyBytes = idem.DefaultMaxBodyBytes
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -138,4 +147,13 @@ func (o *Options) withDefaults() (Options, error) {
 		bad("Migrate %d is not a MigrateMode", c.Migrate)
 	}
 	return c, errors.Join(errs...)
+}
+
+// reconcileEvery is how often the background loop hands overdue claims to
+// Reconcile, 0 when it does not, for idem.Decide.
+func (o *Options) reconcileEvery() time.Duration {
+	if o.Reconcile == nil || o.SweepInterval <= 0 {
+		return 0
+	}
+	return o.SweepInterval
 }

@@ -39,7 +39,8 @@ type Store struct {
 	met       atomic.Int32 // see insertFirst
 
 	closed    atomic.Bool
-	closing   chan struct{} // closed by Close, to wake waiters
+	closing   chan struct{} // closed by Close, to wake waiters and stop the loop
+	loopDone  chan struct{} // closed when the background loop has stopped
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -100,6 +101,8 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 			"other replicas may end its leases or expire its records early, or it theirs",
 			"server_ahead_by", off, "clock_skew", o.ClockSkew)
 	}
+	s.loopDone = make(chan struct{})
+	go s.loop()
 	return s, nil
 }
 
@@ -117,13 +120,15 @@ func (s *Store) clockOffset(ctx context.Context) (time.Duration, error) {
 	return server.Sub(before.Add(after.Sub(before) / 2)), nil
 }
 
-// Close stops the listener, wakes every waiter and closes the pool.
+// Close stops the background loop and the listener, wakes every waiter
+// and closes the pool.
 // Leases still held become unusable (ErrClosed); their records stay in
 // progress for reconciliation. Later calls return the first one's result.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		close(s.closing)
+		<-s.loopDone
 		s.listener.stop()
 		s.pool.Close()
 	})
@@ -533,25 +538,14 @@ func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any) error 
 	return tx.SendBatch(ctx, b).Close()
 }
 
-// answer decides what a claim of the live record rec gets. The
-// fingerprint comes first: a key reused for another request is refused
-// for good, whatever state the first request is in.
+// answer answers a claim of the live record rec as idem.Decide says.
 func (s *Store) answer(rec *idem.Record, fp idem.Fingerprint, now time.Time) (*idem.Record, error) {
-	refuse := func(e idem.Event, err error, retry time.Duration) error {
-		s.note(e, rec, time.Time{})
-		return &idem.KeyError{Err: err, State: rec.State, RetryAfter: retry, Tenant: rec.Scope.Tenant, Endpoint: rec.Scope.Endpoint}
+	event, err := idem.Decide(rec, fp, now, s.opts.reconcileEvery())
+	s.note(event, rec, time.Time{})
+	if err != nil {
+		return nil, err
 	}
-	switch {
-	case rec.Fingerprint != fp:
-		return nil, refuse(idem.EventMismatch, idem.ErrFingerprintMismatch, 0)
-	case rec.State == idem.StateCompleted:
-		s.note(idem.EventReplayed, rec, time.Time{})
-		return rec, nil
-	case rec.State == idem.StateInProgress && now.Before(rec.LeaseUntil):
-		return nil, refuse(idem.EventConflict, idem.ErrInProgress, min(time.Second, rec.LeaseUntil.Sub(now)))
-	default:
-		return nil, refuse(idem.EventPending, idem.ErrOutcomePending, 0)
-	}
+	return rec, nil
 }
 
 // Get returns the live record for s, as idem.Store.Get says.

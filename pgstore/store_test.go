@@ -28,10 +28,18 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
-// open opens a store on dsn and closes it when t ends.
+// open opens a store on dsn and closes it when t ends. Its background
+// loop is off unless opts asks for it, so that only the test sweeps.
 func open(t *testing.T, dsn string, opts *pgstore.Options) *pgstore.Store {
 	t.Helper()
-	s, err := pgstore.Open(t.Context(), dsn, opts)
+	var o pgstore.Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.SweepInterval == 0 {
+		o.SweepInterval = -1
+	}
+	s, err := pgstore.Open(t.Context(), dsn, &o)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s

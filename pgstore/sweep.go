@@ -28,6 +28,38 @@ RETURNING tenant, endpoint, idem_key, fingerprint, state, coalesce(response_stat
 	octet_length(tenant) + octet_length(endpoint) + octet_length(idem_key)
 	+ coalesce(octet_length(response_body), 0) + coalesce(octet_length(response_headers::text), 0)`
 
+// loop sweeps and reconciles every Options.SweepInterval until Close.
+func (s *Store) loop() {
+	defer close(s.loopDone)
+	if s.opts.SweepInterval <= 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.closing
+		cancel()
+	}()
+	tick := time.NewTicker(s.opts.SweepInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.closing:
+			return
+		case <-tick.C:
+		}
+		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			s.opts.Logger.Warn("pgstore: sweeping expired records failed; trying again later", "err", err)
+		}
+		if s.opts.Reconcile == nil {
+			continue
+		}
+		if _, err := s.Reconcile(ctx); err != nil && ctx.Err() == nil {
+			s.opts.Logger.Warn("pgstore: reconciling overdue claims failed; trying again later", "err", err)
+		}
+	}
+}
+
 // Sweep deletes every record that has expired by now, in batches of a
 // thousand. One replica sweeps at a time: a Sweep that finds another
 // replica sweeping (it holds the sweep advisory lock) returns at once

@@ -117,7 +117,8 @@ func TestAdminMaintenance(t *testing.T) {
 	assert.Zero(t, check.Records, "the swept records are gone")
 
 	// A store with no consistency check, such as PostgreSQL's.
-	mem := idemtest.NewMemStore(nil)
+	mem, err := idemtest.NewMemStore(nil)
+	require.NoError(t, err)
 	t.Cleanup(func() { mem.Close() })
 	_, err = adminServer(t, mem).Check(ctx)
 	require.Error(t, err)

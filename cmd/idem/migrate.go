@@ -68,7 +68,7 @@ The DSN may hold a password: no message repeats it.
 	// Open applies the migrations, or checks them; the store itself is
 	// not used. Its own log line about what it applied would repeat ours.
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	db, err := pgstore.Open(ctx, *dsn, &pgstore.Options{Logger: log, Migrate: mode})
+	db, err := pgstore.Open(ctx, *dsn, &pgstore.Options{Logger: log, Migrate: mode, SweepInterval: -1})
 	switch {
 	case errors.Is(err, pgstore.ErrSchemaBehind):
 		fmt.Fprintf(stdout, "%s needs migrations (%s): run idem migrate --store DSN to apply them\n", where, schemaDetail(err))

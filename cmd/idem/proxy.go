@@ -39,7 +39,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	wait := fs.Duration("wait", 0, "how long a duplicate of a request still running waits for it before getting 409 (default 0: at once)")
 	maxBody := byteSize(1 << 20)
 	fs.Var(&maxBody, "max-body", "largest request body, a `SIZE` in bytes or with a unit (512KiB, 1MiB); larger ones get 413")
-	maxStored := byteSize(4 << 20)
+	maxStored := byteSize(idem.DefaultMaxBodyBytes)
 	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
 	store.addMemory()
 	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
@@ -203,7 +203,7 @@ the key itself.
 	}
 	effectiveLease := *lease
 	if effectiveLease == 0 {
-		effectiveLease = 30 * time.Second
+		effectiveLease = idem.DefaultLease
 	}
 	timeout := *upstreamTimeout
 	switch {
@@ -259,7 +259,6 @@ the key itself.
 		Outcomes:        outcomes,
 		RawFallback:     !*strict,
 		ProblemBase:     *problemBase,
-		ReconcileEvery:  rc.every(),
 		Logger:          log,
 		Observe:         adm.observer.Observe,
 	}

@@ -29,10 +29,6 @@ const headerOriginalStatus = "Idempotency-Original-Status"
 // lookupUserAgent names the reconciler's requests in the upstream's logs.
 const lookupUserAgent = "idem-proxy-reconciler"
 
-// reconcileEvery is how often the store hands overdue claims to the
-// reconciler: after each sweep, for both stores.
-const reconcileEvery = sweepInterval
-
 // defaultReconcileAttempts is --reconcile-attempts' default: with a pass
 // a minute, about ten minutes of an upstream that cannot say.
 const defaultReconcileAttempts = 10
@@ -149,15 +145,6 @@ func newReconciler(u *lookupURL, timeout time.Duration, maxBody int64, attempts 
 		},
 		timeout: timeout, maxBody: maxBody, attempts: attempts, log: log,
 	}
-}
-
-// every is how often overdue claims reach the reconciler, for
-// idemhttp.Options.ReconcileEvery: 0 without one.
-func (rc *reconciler) every() time.Duration {
-	if rc == nil {
-		return 0
-	}
-	return reconcileEvery
 }
 
 // reconcileFunc returns rc.Reconcile for a store's options, or nil without

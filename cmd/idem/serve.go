@@ -27,7 +27,7 @@ func runServe(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	delay := fs.Duration("provider-delay", 0, "how long the simulated payment provider takes per charge or refund; try 5s to see 409 request_in_progress")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the middleware answers: the type is it followed by the code, and the answer links to it (Link rel=describedby)")
-	maxStored := byteSize(4 << 20)
+	maxStored := byteSize(idem.DefaultMaxBodyBytes)
 	fs.Var(&maxStored, "max-stored-body", maxStoredHelp)
 	store.addMemory()
 	adminToken := adminTokenFlag(fs)

@@ -14,7 +14,6 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -174,8 +173,8 @@ type serverOptions struct {
 	maxBodyBytes int64
 	logger       *slog.Logger
 	events       bool
-	// reconcile, when set, is handed the claims whose lease ran out, every
-	// reconcileEvery.
+	// reconcile, when set, is handed the claims whose lease ran out, after
+	// each of the store's sweeps.
 	reconcile func(context.Context, idem.Lease) error
 }
 
@@ -190,9 +189,6 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 	if !s.postgres() {
 		opts := &pebblestore.Options{TTL: o.ttl, EndpointTTL: o.endpointTTL, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events,
 			Reconcile: o.reconcile}
-		if o.reconcile != nil {
-			opts.SweepInterval = reconcileEvery // its loop reconciles after each sweep
-		}
 		if s.memory != 0 && os.Getenv("GOMEMLIMIT") == "" {
 			debug.SetMemoryLimit(pebblestore.GoMemoryLimit(int64(s.memory)))
 		}
@@ -210,7 +206,7 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 	if err != nil {
 		return nil, s.pgOpenFailed(name, err, stderr)
 	}
-	return newSweeping(db, sweepInterval, o.reconcile != nil, o.logger), 0
+	return db, 0
 }
 
 // openTool opens an existing store for the tool called name; events says
@@ -223,7 +219,8 @@ func (s *storeFlags) openTool(name string, events bool, stderr io.Writer) (idem.
 		return openExisting(name, s.dir, events, stderr)
 	}
 	log := newLogger(stderr)
-	opts := &pgstore.Options{Logger: log, Migrate: pgstore.MigrateRefuse}
+	// A tool leaves sweeping to the servers.
+	opts := &pgstore.Options{Logger: log, Migrate: pgstore.MigrateRefuse, SweepInterval: -1}
 	if events {
 		opts.Events = log
 	}
@@ -317,56 +314,4 @@ func schemaDetail(err error) string {
 		missing[i] = strconv.Itoa(v)
 	}
 	return fmt.Sprintf("this build needs schema version %d; the database lacks version %s", sb.Need, strings.Join(missing, ", "))
-}
-
-// sweepInterval is how often serve and proxy sweep a PostgreSQL store, as
-// the embedded store's background loop does by default.
-const sweepInterval = time.Minute
-
-// sweeping is a PostgreSQL store that deletes its expired records at an
-// interval, and hands overdue claims to its reconciler if it has one,
-// which the embedded store does by itself. Replicas take turns: a sweep
-// that finds another replica sweeping does nothing, and each overdue
-// claim goes to one replica's reconciler. Close stops the loop, then
-// closes the store.
-type sweeping struct {
-	*pgstore.Store
-	stop      context.CancelFunc
-	done      chan struct{}
-	closeOnce sync.Once
-}
-
-func newSweeping(db *pgstore.Store, every time.Duration, reconcile bool, log *slog.Logger) *sweeping {
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &sweeping{Store: db, stop: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		tick := time.NewTicker(every)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if _, err := db.Sweep(ctx); err != nil && ctx.Err() == nil {
-				log.Warn("idem: sweeping expired records failed; trying again later", "err", err)
-			}
-			if !reconcile {
-				continue
-			}
-			if _, err := db.Reconcile(ctx); err != nil && ctx.Err() == nil {
-				log.Warn("idem: reconciling overdue claims failed; trying again later", "err", err)
-			}
-		}
-	}()
-	return s
-}
-
-func (s *sweeping) Close() error {
-	s.closeOnce.Do(func() {
-		s.stop()
-		<-s.done
-	})
-	return s.Store.Close()
 }

@@ -5,11 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -332,41 +330,4 @@ func TestServeOnPostgres(t *testing.T) {
 	outputs = append(outputs, strings.Join(s.stdout, "\n"), s.stderr.String())
 	s.mu.Unlock()
 	assertNoSecret(t, dsn, outputs...)
-}
-
-// TestSweeping: serve and proxy on PostgreSQL delete expired records in
-// the background, as the embedded store does, and stop doing so on Close.
-func TestSweeping(t *testing.T) {
-	ctx := context.Background()
-	var mu sync.Mutex
-	now := time.Now()
-	clock := func() time.Time {
-		mu.Lock()
-		defer mu.Unlock()
-		return now
-	}
-	db, err := pgstore.Open(ctx, pgDSN(t), &pgstore.Options{Now: clock, Lease: time.Minute, TTL: time.Hour})
-	require.NoError(t, err)
-	l, _, err := db.Claim(ctx, idem.Scope{Endpoint: "e", Key: "k"}, idem.Fingerprint{1})
-	require.NoError(t, err)
-	require.NoError(t, l.Complete(ctx, idem.Response{Status: 200}))
-	mu.Lock()
-	now = now.Add(2 * time.Hour)
-	mu.Unlock()
-
-	s := newSweeping(db, time.Millisecond, false, newLogger(io.Discard))
-	deadline := time.Now().Add(guard)
-	for {
-		m, err := s.Metrics(ctx)
-		require.NoError(t, err)
-		if m.Events[idem.EventSwept] == 1 {
-			assert.Equal(t, int64(0), m.Expired)
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "nothing swept in %s", guard)
-		time.Sleep(time.Millisecond)
-	}
-	require.NoError(t, s.Close())
-	assert.ErrorIs(t, db.Ping(ctx), idem.ErrClosed, "Close closes the store too")
-	require.NoError(t, s.Close(), "a second Close is harmless")
 }
