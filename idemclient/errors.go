@@ -13,8 +13,6 @@ var (
 	// http.NewRequest sets GetBody for *bytes.Buffer, *bytes.Reader and
 	// *strings.Reader bodies.
 	ErrBodyNotRewindable = errors.New("idemclient: request body cannot be replayed (Request.GetBody is nil)")
-	// ErrInvalidOptions: Options failed validation in NewTransport.
-	ErrInvalidOptions = errors.New("idemclient: invalid options")
 )
 
 // RetryError is the error of a call that ended without a final response:

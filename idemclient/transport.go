@@ -110,7 +110,7 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	var errs []error
 	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOptions}, args...)...))
+		errs = append(errs, fmt.Errorf("%w: idemclient: "+format, append([]any{idem.ErrInvalidOptions}, args...)...))
 	}
 	if c.Base == nil {
 		c.Base = http.DefaultTransport
@@ -229,7 +229,7 @@ type Transport struct {
 }
 
 // NewTransport returns a Transport configured by opts, or an error that
-// matches ErrInvalidOptions for each bad field.
+// matches idem.ErrInvalidOptions for each bad field.
 func NewTransport(opts *Options) (*Transport, error) {
 	o, err := opts.withDefaults()
 	if err != nil {

@@ -496,7 +496,7 @@ func TestOptionsValidation(t *testing.T) {
 		MaxRetryAfter: -time.Second,
 		DrainBytes:    -1,
 	})
-	require.ErrorIs(t, err, idemclient.ErrInvalidOptions)
+	require.ErrorIs(t, err, idem.ErrInvalidOptions)
 	for _, field := range []string{"Header", "Methods", "MaxAttempts", "MaxElapsed", "MaxRetryAfter", "DrainBytes"} {
 		assert.Contains(t, err.Error(), field)
 	}

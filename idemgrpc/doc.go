@@ -10,7 +10,7 @@
 // store that pebblestore.Open opens, or any other idem.Store) and
 // Options.Tenant names the caller that keys are scoped by. A key is the
 // value of the metadata field idempotency-key, with the syntax of the HTTP
-// header (idemhttp.ParseKey): a bare token or an RFC 8941 sf-string of 1 to
+// header (idem.ParseKey): a bare token or an RFC 8941 sf-string of 1 to
 // 255 characters of A-Z, a-z, 0-9, '_' and '-'. A key is scoped by tenant,
 // endpoint and key, where the endpoint is the full method name
 // ("/pkg.Service/Method").

@@ -18,7 +18,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/idemhttp"
 )
 
 // Metadata fields of the contract over gRPC.
@@ -138,7 +137,9 @@ type interceptor struct {
 // authenticate the caller, since Options.Tenant reads what they found.
 func UnaryServerInterceptor(o Options) (grpc.UnaryServerInterceptor, error) {
 	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("idemgrpc: "+format, args...)) }
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: idemgrpc: "+format, append([]any{idem.ErrInvalidOptions}, args...)...))
+	}
 	if o.Store == nil {
 		bad("Options.Store is required")
 	}
@@ -197,7 +198,7 @@ func (m *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	case len(keys) > 1:
 		return nil, m.problem(codes.InvalidArgument, idem.CodeKeyInvalid, "the idempotency key is sent more than once", 0, nil)
 	}
-	key, err := idemhttp.ParseKey(keys[0])
+	key, err := idem.ParseKey(keys[0])
 	if err != nil {
 		return nil, m.problem(codes.InvalidArgument, idem.CodeKeyInvalid, err.Error(), 0, nil)
 	}

@@ -354,13 +354,14 @@ func TestOptionsValidation(t *testing.T) {
 		MismatchCode: 99,
 	})
 	require.Error(t, err)
+	assert.ErrorIs(t, err, idem.ErrInvalidOptions)
 	msg := err.Error()
 	for _, want := range []string{"Store", "Tenant", `"Pay"`, `"/test.Payments/"`, `"//Pay"`, `"/a/b/c"`, "Wait", "MismatchCode"} {
 		assert.Contains(t, msg, want)
 	}
 	assert.NotContains(t, msg, `"`+payMethod+`"`)
 	for _, line := range strings.Split(msg, "\n") {
-		assert.True(t, strings.HasPrefix(line, "idemgrpc: "), line)
+		assert.True(t, strings.HasPrefix(line, "idem: invalid options: idemgrpc: "), line)
 	}
 }
 

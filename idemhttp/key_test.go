@@ -98,22 +98,3 @@ func TestKeyWithParameters(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), e.app.runs.Load())
 }
-
-// ParseKey is the middleware's key syntax under the default options, for
-// transports that have no middleware of their own to configure.
-func TestParseKey(t *testing.T) {
-	for in, want := range map[string]string{
-		"A-z_0":                  "A-z_0",
-		` "quoted-key_1" `:       "quoted-key_1",
-		`"k";v=1;*x="y"`:         "k",
-		strings.Repeat("a", 255): strings.Repeat("a", 255),
-	} {
-		got, err := idemhttp.ParseKey(in)
-		require.NoError(t, err, in)
-		assert.Equal(t, want, got)
-	}
-	for _, in := range []string{"", `""`, "a.b", "a, b", `"abc`, `"k";V=1`, strings.Repeat("a", 256)} {
-		_, err := idemhttp.ParseKey(in)
-		assert.Error(t, err, in)
-	}
-}

@@ -40,11 +40,6 @@ import (
 	"github.com/idemkv/idem"
 )
 
-// DefaultKeyAlphabet is the characters a key may use unless
-// Options.KeyAlphabet says otherwise: those of UUIDs, ULIDs and base64url
-// tokens.
-const DefaultKeyAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
-
 // Options configure the middleware. Store and Tenant are required; every
 // other zero value selects the default given in its comment.
 type Options struct {
@@ -77,7 +72,7 @@ type Options struct {
 	// migration. A request may use only one of them, once.
 	Aliases []string
 	// KeyAlphabet is the set of characters a key may contain.
-	// Default: DefaultKeyAlphabet.
+	// Default: idem.DefaultKeyAlphabet.
 	KeyAlphabet string
 	// MaxKeyLength bounds a key's length, at most idem.MaxKeyBytes.
 	// Default: 255.
@@ -135,7 +130,7 @@ type Options struct {
 	// after its answer was written, with what the middleware did: for
 	// metrics such as the replay ratio and the 409 and 422 rates. It runs
 	// on the request's goroutine, so it must be quick. Default: none.
-	Observe func(Observation)
+	Observe func(idem.Observation)
 }
 
 // OutcomePolicy says, by status, which responses do not become the key's
@@ -154,36 +149,13 @@ type OutcomePolicy struct {
 	Unknown []int
 }
 
-// Observation is what the middleware did with one request.
-type Observation struct {
-	// Endpoint is the endpoint as Options.Endpoint names it.
-	Endpoint string
-	// Outcome is OutcomeExecuted, OutcomeReplayed, OutcomePanic, or the
-	// code of the problem the request was refused with (idem.CodeInProgress,
-	// idem.CodeKeyReuse, ...).
-	Outcome string
-	// Status is the status the client got, or 0 when the handler hijacked
-	// the connection and answered on it.
-	Status int
-	// Duration is how long the middleware took, the handler included.
-	Duration time.Duration
-}
-
-// The outcomes of an Observation that are not refusals.
-const (
-	OutcomeExecuted = "executed" // the handler ran and its response was stored (or the key released)
-	OutcomeReplayed = "replayed" // the stored response was sent again
-	OutcomePanic    = "panic"    // the handler panicked or ended its goroutine; the record is unknown
-	OutcomeHijacked = "hijacked" // the handler took the connection; the record is unknown
-)
-
 // middleware is the validated configuration behind the handler.
 type middleware struct {
 	opts      Options
 	canonical idem.CanonicalOptions // opts.Canonical bounded by MaxRequestBytes
 	headers   []string
 	methods   map[string]bool
-	alphabet  [256]bool
+	keys      *idem.KeySyntax
 	release   map[int]bool // Outcomes.Release
 	unknown   map[int]bool // Outcomes.Unknown
 }
@@ -203,7 +175,9 @@ func New(o Options) (func(http.Handler) http.Handler, error) {
 
 func newMiddleware(o Options) (*middleware, error) {
 	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("idemhttp: "+format, args...)) }
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: idemhttp: "+format, append([]any{idem.ErrInvalidOptions}, args...)...))
+	}
 	if o.Store == nil {
 		bad("Options.Store is required")
 	}
@@ -218,12 +192,6 @@ func newMiddleware(o Options) (*middleware, error) {
 	}
 	if o.Header == "" {
 		o.Header = idem.HeaderKey
-	}
-	if o.KeyAlphabet == "" {
-		o.KeyAlphabet = DefaultKeyAlphabet
-	}
-	if o.MaxKeyLength == 0 {
-		o.MaxKeyLength = 255
 	}
 	if o.MaxRequestBytes == 0 {
 		o.MaxRequestBytes = 1 << 20
@@ -253,16 +221,11 @@ func newMiddleware(o Options) (*middleware, error) {
 		}
 		m.methods[meth] = true
 	}
-	for i := 0; i < len(o.KeyAlphabet); i++ {
-		c := o.KeyAlphabet[i]
-		if c <= ' ' || c >= 0x7f || c == '"' || c == '\\' || c == ',' {
-			bad("Options.KeyAlphabet: %q cannot appear in a header value unquoted", c)
-		}
-		m.alphabet[c] = true
+	keys, err := idem.NewKeySyntax(o.KeyAlphabet, o.MaxKeyLength)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("%w (idemhttp: Options.KeyAlphabet, Options.MaxKeyLength)", err))
 	}
-	if o.MaxKeyLength < 1 || o.MaxKeyLength > idem.MaxKeyBytes {
-		bad("Options.MaxKeyLength %d must be between 1 and %d", o.MaxKeyLength, idem.MaxKeyBytes)
-	}
+	m.keys = keys
 	if o.MaxRequestBytes < 0 {
 		bad("Options.MaxRequestBytes %d must not be negative", o.MaxRequestBytes)
 	}
@@ -302,7 +265,7 @@ func newMiddleware(o Options) (*middleware, error) {
 		bad("Options.ProblemBase %q must be an absolute URI", o.ProblemBase)
 	}
 	if _, err := idem.Canonicalize([]byte("{}"), m.canonical); err != nil {
-		errs = append(errs, fmt.Errorf("idemhttp: Options.Canonical: %w", err))
+		errs = append(errs, fmt.Errorf("%w: idemhttp: Options.Canonical: %w", idem.ErrInvalidOptions, err))
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -382,10 +345,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// Until handle returns, the handler may panic through it; the request
 	// is still observed, as the panic net/http turns into a broken
 	// connection.
-	result, status := OutcomePanic, http.StatusInternalServerError
+	result, status := idem.OutcomePanic, http.StatusInternalServerError
 	if m.opts.Observe != nil {
 		defer func() {
-			m.opts.Observe(Observation{Endpoint: endpoint, Outcome: result, Status: status, Duration: time.Since(start)})
+			m.opts.Observe(idem.Observation{Endpoint: endpoint, Outcome: result, Status: status, Duration: time.Since(start)})
 		}()
 	}
 	result, status = m.handle(w, r, next, endpoint)
@@ -577,7 +540,7 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *idem.Re
 	h.Set(idem.HeaderReplayed, "true")
 	w.WriteHeader(rec.Response.Status)
 	w.Write(body)
-	return OutcomeReplayed, rec.Response.Status
+	return idem.OutcomeReplayed, rec.Response.Status
 }
 
 // httpDate formats t as an RFC 9110 HTTP-date.
@@ -680,7 +643,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	switch {
 	case rec.hijacked:
 		m.end(lease, lease.MarkUnknown(storeCtx))
-		return OutcomeHijacked, 0
+		return idem.OutcomeHijacked, 0
 	case unknown:
 		m.end(lease, lease.MarkUnknown(storeCtx))
 	case release:
@@ -708,7 +671,7 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 				Detail: "the request ran but its outcome could not be stored; retry with the same key, it will not run twice"}, time.Second)
 		}
 	}
-	return OutcomeExecuted, rec.send()
+	return idem.OutcomeExecuted, rec.send()
 }
 
 // end logs an outcome that could not be stored. The record stays in

@@ -539,8 +539,8 @@ func TestRawFallback(t *testing.T) {
 }
 
 func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
-	var seen []idemhttp.Observation
-	e := setup(t, idemhttp.Options{Observe: func(o idemhttp.Observation) { seen = append(seen, o) }})
+	var seen []idem.Observation
+	e := setup(t, idemhttp.Options{Observe: func(o idem.Observation) { seen = append(seen, o) }})
 	e.app.handler = func(w http.ResponseWriter, r *http.Request) { panic("boom") }
 	req := e.request(nil, "POST", "/v1/payments", "acme", pay, "p")
 	assert.PanicsWithValue(t, "boom", func() { e.serve(req) })
@@ -548,7 +548,7 @@ func TestPanicRecordsUnknownAndPropagates(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateUnknown, rec.State)
 	require.Len(t, seen, 1, "a panicking request is still observed")
-	assert.Equal(t, idemhttp.OutcomePanic, seen[0].Outcome)
+	assert.Equal(t, idem.OutcomePanic, seen[0].Outcome)
 	assert.Equal(t, http.StatusInternalServerError, seen[0].Status)
 }
 
@@ -759,6 +759,7 @@ func TestOptionsValidation(t *testing.T) {
 		Outcomes:  idemhttp.OutcomePolicy{Release: []int{429, 503}, Unknown: []int{503, 42}},
 	})
 	require.Error(t, err)
+	assert.ErrorIs(t, err, idem.ErrInvalidOptions)
 	assert.Contains(t, err.Error(), `Options.Aliases: "idempotency-key" is the same header as "Idempotency-Key"`)
 	assert.NotContains(t, err.Error(), "X-Idempotency-Key")
 	assert.Contains(t, err.Error(), "status 503 is in both Release and Unknown")
@@ -769,15 +770,15 @@ func TestOptionsValidation(t *testing.T) {
 }
 
 func TestObserveReportsEachOutcome(t *testing.T) {
-	seen := make(chan idemhttp.Observation, 8)
-	e := setup(t, idemhttp.Options{Observe: func(o idemhttp.Observation) { seen <- o }})
-	next := func() idemhttp.Observation {
+	seen := make(chan idem.Observation, 8)
+	e := setup(t, idemhttp.Options{Observe: func(o idem.Observation) { seen <- o }})
+	next := func() idem.Observation {
 		select {
 		case o := <-seen:
 			return o
 		default:
 			t.Fatal("the middleware answered without calling Observe first")
-			return idemhttp.Observation{}
+			return idem.Observation{}
 		}
 	}
 	steps := []struct {
@@ -785,8 +786,8 @@ func TestObserveReportsEachOutcome(t *testing.T) {
 		outcome                 string
 		status                  int
 	}{
-		{"POST", "/v1/payments", pay, "obs-1", idemhttp.OutcomeExecuted, http.StatusCreated},
-		{"POST", "/v1/payments", pay, "obs-1", idemhttp.OutcomeReplayed, http.StatusCreated},
+		{"POST", "/v1/payments", pay, "obs-1", idem.OutcomeExecuted, http.StatusCreated},
+		{"POST", "/v1/payments", pay, "obs-1", idem.OutcomeReplayed, http.StatusCreated},
 		{"POST", "/v1/payments", `{"amount":1}`, "obs-1", idem.CodeKeyReuse, http.StatusUnprocessableEntity},
 		{"POST", "/v1/refunds", pay, "", idem.CodeKeyMissing, http.StatusBadRequest},
 		{"POST", "/v1/refunds", `{"a":`, "obs-2", idem.CodeBodyInvalid, http.StatusBadRequest},

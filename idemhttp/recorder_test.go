@@ -259,8 +259,8 @@ func TestOmittedBodyIsNotReplayedAsSuccess(t *testing.T) {
 // The record becomes unknown and a retry gets 409 outcome_pending, never a
 // made-up empty 200 marked as a replay.
 func TestHijackedAnswerIsNotReplayed(t *testing.T) {
-	seen := make(chan idemhttp.Observation, 2)
-	e := setup(t, idemhttp.Options{Observe: func(o idemhttp.Observation) { seen <- o }})
+	seen := make(chan idem.Observation, 2)
+	e := setup(t, idemhttp.Options{Observe: func(o idem.Observation) { seen <- o }})
 	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
 		conn, rw, err := http.NewResponseController(w).Hijack()
 		if !assert.NoError(t, err) {
@@ -275,7 +275,7 @@ func TestHijackedAnswerIsNotReplayed(t *testing.T) {
 	assert.Equal(t, "queued!", body)
 	// The client has its answer before the middleware stores the outcome.
 	o := <-seen
-	assert.Equal(t, idemhttp.OutcomeHijacked, o.Outcome)
+	assert.Equal(t, idem.OutcomeHijacked, o.Outcome)
 	assert.Zero(t, o.Status)
 
 	resp, body = e.call("POST", "/v1/payments", "acme", pay, "h")

@@ -2,8 +2,8 @@ package idemprom
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -62,8 +62,9 @@ func eventMetrics() []storeMetric {
 // the backend's own figures (Metrics.Engine) under their own names. It is
 // safe for concurrent use. Create one with NewCollector.
 type Collector struct {
-	store idem.Operator
-	descs []*prometheus.Desc // parallel to storeMetrics
+	store   idem.Operator
+	timeout time.Duration
+	descs   []*prometheus.Desc // parallel to storeMetrics
 	// engine holds a descriptor for each engine figure the store reported
 	// when the Collector was made, in that order.
 	engine      map[string]*prometheus.Desc
@@ -73,22 +74,44 @@ type Collector struct {
 	failed *prometheus.Desc
 }
 
+// CollectorOptions configure a Collector. The zero value selects the
+// defaults given in each field's comment.
+type CollectorOptions struct {
+	// Timeout bounds each read of the store's metrics. A scrape that
+	// reaches it reports a scrape error rather than holding the scraper
+	// (and a connection of the store's) until its own timeout. Default:
+	// 5 seconds, below Prometheus's default scrape timeout.
+	Timeout time.Duration
+}
+
 // NewCollector returns a Collector over store, to be registered on a
-// registry. It reads the store's metrics once, to learn the names of its
-// engine figures, and fails when that read does.
-func NewCollector(store idem.Operator) (*Collector, error) {
-	if store == nil {
-		return nil, errors.New("idemprom: NewCollector needs a store")
+// registry; opts may be nil for the defaults. It reads the store's
+// metrics once, to learn the names of its engine figures, and fails when
+// that read does. An error in opts matches idem.ErrInvalidOptions.
+func NewCollector(store idem.Operator, opts *CollectorOptions) (*Collector, error) {
+	var o CollectorOptions
+	if opts != nil {
+		o = *opts
 	}
-	m, err := store.Metrics(context.Background())
-	if err != nil {
-		return nil, fmt.Errorf("idemprom: reading the store's metrics: %w", err)
+	if o.Timeout == 0 {
+		o.Timeout = 5 * time.Second
+	}
+	switch {
+	case store == nil:
+		return nil, fmt.Errorf("%w: idemprom: NewCollector needs a store", idem.ErrInvalidOptions)
+	case o.Timeout < 0:
+		return nil, fmt.Errorf("%w: idemprom: CollectorOptions.Timeout %s must not be negative", idem.ErrInvalidOptions, o.Timeout)
 	}
 	c := &Collector{
-		store:  store,
-		descs:  make([]*prometheus.Desc, len(storeMetrics)),
-		engine: map[string]*prometheus.Desc{},
-		failed: prometheus.NewDesc("idem_store_metrics", "Reading the store's metrics.", nil, nil),
+		store:   store,
+		timeout: o.Timeout,
+		descs:   make([]*prometheus.Desc, len(storeMetrics)),
+		engine:  map[string]*prometheus.Desc{},
+		failed:  prometheus.NewDesc("idem_store_metrics", "Reading the store's metrics.", nil, nil),
+	}
+	m, err := c.read()
+	if err != nil {
+		return nil, err
 	}
 	for i, sm := range storeMetrics {
 		c.descs[i] = prometheus.NewDesc(sm.name, sm.help, nil, nil)
@@ -117,9 +140,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // metric carrying the error, which the registry reports as a scrape
 // error; a partial snapshot would show counts that are not true.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	m, err := c.store.Metrics(context.Background())
+	m, err := c.read()
 	if err != nil {
-		ch <- prometheus.NewInvalidMetric(c.failed, fmt.Errorf("idemprom: reading the store's metrics: %w", err))
+		ch <- prometheus.NewInvalidMetric(c.failed, err)
 		return
 	}
 	for i, sm := range storeMetrics {
@@ -136,4 +159,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(d, kind, f.Value)
 	}
+}
+
+// read reads the store's metrics within the collector's timeout.
+func (c *Collector) read() (idem.Metrics, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	m, err := c.store.Metrics(ctx)
+	if err != nil {
+		return idem.Metrics{}, fmt.Errorf("idemprom: reading the store's metrics: %w", err)
+	}
+	return m, nil
 }

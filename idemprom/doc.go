@@ -40,7 +40,7 @@
 // middleware:
 //
 //	reg := prometheus.NewRegistry()
-//	col, err := idemprom.NewCollector(db)
+//	col, err := idemprom.NewCollector(db, nil)
 //	...
 //	obs, err := idemprom.NewObserver(nil)
 //	...

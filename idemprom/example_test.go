@@ -32,7 +32,7 @@ func Example() {
 	defer db.Close()
 
 	reg := prometheus.NewRegistry()
-	col, err := idemprom.NewCollector(db)
+	col, err := idemprom.NewCollector(db, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

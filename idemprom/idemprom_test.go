@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemprom"
 	"github.com/idemkv/idem/internal/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
@@ -78,7 +78,7 @@ func labelled(mf *dto.MetricFamily, labels map[string]string) *dto.Metric {
 func TestCollector(t *testing.T) {
 	db, clock := idemtest.Open(t, nil)
 	reg := prometheus.NewRegistry()
-	c, err := idemprom.NewCollector(db)
+	c, err := idemprom.NewCollector(db, nil)
 	require.NoError(t, err)
 	require.NoError(t, reg.Register(c))
 
@@ -166,7 +166,7 @@ func TestCollectorOnPostgres(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
 	reg := prometheus.NewRegistry()
-	c, err := idemprom.NewCollector(db)
+	c, err := idemprom.NewCollector(db, nil)
 	require.NoError(t, err)
 	require.NoError(t, reg.Register(c))
 	assert.Equal(t, 0.0, value(t, gather(t, reg), "idem_claims_total"))
@@ -202,7 +202,7 @@ func TestCollectorOnPostgres(t *testing.T) {
 func TestCollectorExpiry(t *testing.T) {
 	db, clock := idemtest.Open(t, &pebblestore.Options{TTL: time.Hour})
 	reg := prometheus.NewRegistry()
-	c, err := idemprom.NewCollector(db)
+	c, err := idemprom.NewCollector(db, nil)
 	require.NoError(t, err)
 	reg.MustRegister(c)
 	ctx := context.Background()
@@ -216,7 +216,7 @@ func TestCollectorExpiry(t *testing.T) {
 func TestCollectorClosedStore(t *testing.T) {
 	db, _ := idemtest.Open(t, nil)
 	reg := prometheus.NewRegistry()
-	c, err := idemprom.NewCollector(db)
+	c, err := idemprom.NewCollector(db, nil)
 	require.NoError(t, err)
 	require.NoError(t, reg.Register(c))
 	require.NoError(t, db.Close())
@@ -229,9 +229,43 @@ func TestCollectorClosedStore(t *testing.T) {
 	assert.Empty(t, mfs, "no stale values")
 }
 
-func TestNewCollectorNil(t *testing.T) {
-	_, err := idemprom.NewCollector(nil)
-	assert.EqualError(t, err, "idemprom: NewCollector needs a store")
+func TestNewCollectorOptions(t *testing.T) {
+	_, err := idemprom.NewCollector(nil, nil)
+	assert.ErrorIs(t, err, idem.ErrInvalidOptions)
+	assert.Contains(t, err.Error(), "idemprom: NewCollector needs a store")
+	db, _ := idemtest.Open(t, nil)
+	_, err = idemprom.NewCollector(db, &idemprom.CollectorOptions{Timeout: -time.Second})
+	assert.ErrorIs(t, err, idem.ErrInvalidOptions)
+}
+
+// stalled is a store whose metrics, once stall is set, never come: a
+// store whose server stopped answering.
+type stalled struct {
+	idem.Operator
+	stall atomic.Bool
+}
+
+func (s *stalled) Metrics(ctx context.Context) (idem.Metrics, error) {
+	if s.stall.Load() {
+		<-ctx.Done()
+		return idem.Metrics{}, ctx.Err()
+	}
+	return s.Operator.Metrics(ctx)
+}
+
+// TestScrapeTimeout: a scrape of a store that does not answer ends at the
+// collector's timeout with a scrape error, instead of holding the scraper.
+func TestScrapeTimeout(t *testing.T) {
+	db, _ := idemtest.Open(t, nil)
+	s := &stalled{Operator: db}
+	c, err := idemprom.NewCollector(s, &idemprom.CollectorOptions{Timeout: time.Millisecond})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(c))
+	s.stall.Store(true)
+	_, err = reg.Gather()
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
 func TestObserver(t *testing.T) {
@@ -241,11 +275,11 @@ func TestObserver(t *testing.T) {
 	require.NoError(t, reg.Register(obs))
 
 	pay := "POST /v1/payments"
-	for _, o := range []idemhttp.Observation{
-		{Endpoint: pay, Outcome: idemhttp.OutcomeExecuted, Status: 201, Duration: 40 * time.Millisecond},
-		{Endpoint: pay, Outcome: idemhttp.OutcomeExecuted, Status: 400, Duration: 2 * time.Millisecond},
-		{Endpoint: pay, Outcome: idemhttp.OutcomeReplayed, Status: 201, Duration: time.Millisecond / 2},
-		{Endpoint: pay, Outcome: idemhttp.OutcomeReplayed, Status: 201, Duration: time.Millisecond / 2},
+	for _, o := range []idem.Observation{
+		{Endpoint: pay, Outcome: idem.OutcomeExecuted, Status: 201, Duration: 40 * time.Millisecond},
+		{Endpoint: pay, Outcome: idem.OutcomeExecuted, Status: 400, Duration: 2 * time.Millisecond},
+		{Endpoint: pay, Outcome: idem.OutcomeReplayed, Status: 201, Duration: time.Millisecond / 2},
+		{Endpoint: pay, Outcome: idem.OutcomeReplayed, Status: 201, Duration: time.Millisecond / 2},
 		{Endpoint: pay, Outcome: idem.CodeInProgress, Status: 409},
 		{Endpoint: pay, Outcome: idem.CodeKeyReuse, Status: 422},
 		{Endpoint: "POST /v1/refunds", Outcome: idem.CodeKeyMissing, Status: 400},
@@ -296,7 +330,7 @@ func TestObserverEndpointBound(t *testing.T) {
 	require.NoError(t, reg.Register(obs))
 	for _, ep := range []string{"POST /a", "POST /b", "POST /c", "POST /a", "POST /d\xff"} {
 		require.NotPanics(t, func() {
-			obs.Observe(idemhttp.Observation{Endpoint: ep, Outcome: idemhttp.OutcomeExecuted, Status: http.StatusOK})
+			obs.Observe(idem.Observation{Endpoint: ep, Outcome: idem.OutcomeExecuted, Status: http.StatusOK})
 		})
 	}
 	requests := gather(t, reg)["idem_http_requests_total"]
@@ -320,7 +354,8 @@ func TestNewObserverValidates(t *testing.T) {
 	assert.Contains(t, err.Error(), "idemprom: ObserverOptions.Buckets[2] -1 must be a positive")
 	assert.Contains(t, err.Error(), "idemprom: ObserverOptions.MaxEndpoints -1")
 	_, err = idemprom.NewObserver(&idemprom.ObserverOptions{Buckets: []float64{}})
-	assert.EqualError(t, err, "idemprom: ObserverOptions.Buckets is empty")
+	assert.ErrorIs(t, err, idem.ErrInvalidOptions)
+	assert.EqualError(t, err, "idem: invalid options: idemprom: ObserverOptions.Buckets is empty")
 }
 
 // TestRegisterTwice: each constructor call owns its series, so two on one
@@ -329,9 +364,9 @@ func TestNewObserverValidates(t *testing.T) {
 func TestRegisterTwice(t *testing.T) {
 	db, _ := idemtest.Open(t, nil)
 	reg := prometheus.NewRegistry()
-	c1, err := idemprom.NewCollector(db)
+	c1, err := idemprom.NewCollector(db, nil)
 	require.NoError(t, err)
-	c2, err := idemprom.NewCollector(db)
+	c2, err := idemprom.NewCollector(db, nil)
 	require.NoError(t, err)
 	require.NoError(t, reg.Register(c1))
 	var already prometheus.AlreadyRegisteredError

@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemkv/idem/idemhttp"
+	"github.com/idemkv/idem"
 )
 
 // OtherEndpoint is the endpoint label of the requests whose endpoint came
@@ -65,18 +65,18 @@ func NewObserver(opts *ObserverOptions) (*Observer, error) {
 	}
 	var errs []error
 	if len(o.Buckets) == 0 {
-		errs = append(errs, errors.New("idemprom: ObserverOptions.Buckets is empty"))
+		errs = append(errs, fmt.Errorf("%w: idemprom: ObserverOptions.Buckets is empty", idem.ErrInvalidOptions))
 	}
 	for i, b := range o.Buckets {
 		switch {
 		case math.IsNaN(b) || math.IsInf(b, 0) || b <= 0:
-			errs = append(errs, fmt.Errorf("idemprom: ObserverOptions.Buckets[%d] %v must be a positive number of seconds", i, b))
+			errs = append(errs, fmt.Errorf("%w: idemprom: ObserverOptions.Buckets[%d] %v must be a positive number of seconds", idem.ErrInvalidOptions, i, b))
 		case i > 0 && b <= o.Buckets[i-1]:
-			errs = append(errs, fmt.Errorf("idemprom: ObserverOptions.Buckets[%d] %v must be larger than the bucket before it", i, b))
+			errs = append(errs, fmt.Errorf("%w: idemprom: ObserverOptions.Buckets[%d] %v must be larger than the bucket before it", idem.ErrInvalidOptions, i, b))
 		}
 	}
 	if o.MaxEndpoints < 0 {
-		errs = append(errs, fmt.Errorf("idemprom: ObserverOptions.MaxEndpoints %d must not be negative", o.MaxEndpoints))
+		errs = append(errs, fmt.Errorf("%w: idemprom: ObserverOptions.MaxEndpoints %d must not be negative", idem.ErrInvalidOptions, o.MaxEndpoints))
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
@@ -98,7 +98,7 @@ func NewObserver(opts *ObserverOptions) (*Observer, error) {
 
 // Observe counts one answer. Its signature is that of
 // idemhttp.Options.Observe.
-func (o *Observer) Observe(ob idemhttp.Observation) {
+func (o *Observer) Observe(ob idem.Observation) {
 	ep := o.endpointLabel(ob.Endpoint)
 	outcome := strings.ToValidUTF8(ob.Outcome, "\uFFFD")
 	o.requests.WithLabelValues(ep, outcome, strconv.Itoa(ob.Status)).Inc()

@@ -31,7 +31,7 @@ type admin struct {
 }
 
 func newAdmin(db idem.Operator, log *slog.Logger) (*admin, error) {
-	col, err := idemprom.NewCollector(db)
+	col, err := idemprom.NewCollector(db, nil)
 	if err != nil {
 		return nil, err
 	}

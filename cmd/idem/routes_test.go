@@ -108,7 +108,7 @@ func TestProxyRoutesFileErrors(t *testing.T) {
 	r := runIdem(t, "", "proxy", "--data", t.TempDir(), "--upstream", "http://x",
 		"--routes", writeRoutes(t, "{\n\"POST /x\": {\"release_status\": \"503\"}\n}"), "--unknown-status", "5xx")
 	assert.Equal(t, 2, r.code)
-	assert.Contains(t, r.stderr, `routes.json:2: route "POST /x": idemhttp: Options.Outcomes: status 503 is in both Release and Unknown`)
+	assert.Contains(t, r.stderr, `routes.json:2: route "POST /x": idem: invalid options: idemhttp: Options.Outcomes: status 503 is in both Release and Unknown`)
 	r = runIdem(t, "", "proxy", "--data", t.TempDir(), "--upstream", "http://x", "--routes", filepath.Join(t.TempDir(), "none.json"))
 	assert.Equal(t, 2, r.code)
 	assert.Contains(t, r.stderr, "none.json: no such file")

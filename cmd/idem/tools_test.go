@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
-	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/pebblestore"
 )
 
@@ -435,7 +434,7 @@ func TestKeygen(t *testing.T) {
 			seen := map[string]bool{}
 			for _, k := range keys {
 				assert.Regexp(t, shape, k)
-				assert.Empty(t, strings.Trim(k, idemhttp.DefaultKeyAlphabet), "%q has a character idemhttp refuses", k)
+				assert.Empty(t, strings.Trim(k, idem.DefaultKeyAlphabet), "%q has a character idemhttp refuses", k)
 				assert.False(t, seen[k], "%q came twice", k)
 				seen[k] = true
 			}
