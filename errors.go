@@ -102,19 +102,3 @@ func CheckTTLs(ttl time.Duration, endpointTTL map[string]time.Duration, lease ti
 	}
 	return errors.Join(errs...)
 }
-
-// PendingOutcome says what became of the earlier attempt behind err, an
-// ErrOutcomePending refusal, in words that the front ends put in the
-// refusal they answer.
-func PendingOutcome(err error) string {
-	var ke *KeyError
-	if errors.As(err, &ke) {
-		switch ke.State {
-		case StateFailed:
-			return "failed, and the key stays spent"
-		case StateInProgress:
-			return "stopped before its outcome was recorded, so it may or may not have taken effect"
-		}
-	}
-	return "may or may not have taken effect"
-}

@@ -60,14 +60,3 @@ const (
 // the network coming up; a client that comes back sooner only gets the
 // same answer.
 const ClockBehindRetry = 5 * time.Second
-
-// The words of two refusals that the front ends (idemhttp, idemgrpc) give
-// alike.
-const (
-	// ReconcilingDetail answers a retry of a claim whose lease ran out
-	// while a reconciler runs, which will settle it.
-	ReconcilingDetail = "an earlier attempt with this idempotency key stopped before its outcome was recorded, and the service is finding out " +
-		"what became of it; retry with the same key later: the retry gets that outcome once it is known"
-	// ClockBehindDetail answers a claim refused with ErrClockBehind.
-	ClockBehindDetail = "the server's clock is behind the time its idempotency store last recorded, so nothing runs until the clock is right; retry with the same key"
-)

@@ -42,7 +42,6 @@ type (
 
 // Each constant is the root package's.
 const (
-	ClockBehindDetail         = idem.ClockBehindDetail
 	ClockBehindRetry          = idem.ClockBehindRetry
 	CodeBodyInvalid           = idem.CodeBodyInvalid
 	CodeClockBehind           = idem.CodeClockBehind
@@ -83,7 +82,6 @@ const (
 	NumEvents                 = idem.NumEvents
 	ProfileExact              = idem.ProfileExact
 	ProfileJCS                = idem.ProfileJCS
-	ReconcilingDetail         = idem.ReconcilingDetail
 	StateCompleted            = idem.StateCompleted
 	StateFailed               = idem.StateFailed
 	StateInProgress           = idem.StateInProgress
@@ -116,10 +114,12 @@ func CheckTTLs(ttl time.Duration, endpointTTL map[string]time.Duration, lease ti
 	return idem.CheckTTLs(ttl, endpointTTL, lease)
 }
 
-// Do is idem.Do.
+// Do is idem.Do with its former results: the response, and whether it
+// was a replay.
 func Do(ctx context.Context, store Store, s Scope, fp Fingerprint,
 	fn func(ctx context.Context, l Lease) (Response, error)) (Response, bool, error) {
-	return idem.Do(ctx, store, s, fp, fn)
+	res, err := idem.Do(ctx, store, s, fp, nil, fn)
+	return res.Response, res.Replayed != nil, err
 }
 
 // DownstreamKey is idem.DownstreamKey.
@@ -138,6 +138,3 @@ func ParseProfile(s string) (Profile, error) { return idem.ParseProfile(s) }
 
 // ParseState is idem.ParseState.
 func ParseState(name string) (State, error) { return idem.ParseState(name) }
-
-// PendingOutcome is idem.PendingOutcome.
-func PendingOutcome(err error) string { return idem.PendingOutcome(err) }

@@ -88,6 +88,6 @@ func Example() {
 	// Output:
 	// pay_1 []
 	// pay_1 [true]
-	// FailedPrecondition this idempotency key was used for a different request; use a new key for a new operation
+	// FailedPrecondition this idempotency key was used for a different call; use a new key for a new operation
 	// charges: 1
 }

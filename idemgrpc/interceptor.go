@@ -130,6 +130,7 @@ func statusOf(err error) *status.Status {
 type interceptor struct {
 	opts     Options
 	required map[string]bool
+	do       *idem.DoOptions
 }
 
 // UnaryServerInterceptor validates o and returns the interceptor. Install
@@ -175,6 +176,7 @@ func UnaryServerInterceptor(o Options) (grpc.UnaryServerInterceptor, error) {
 		return nil, errors.Join(errs...)
 	}
 	m.opts = o
+	m.do = &idem.DoOptions{Wait: o.Wait, Logger: o.Logger}
 	return m.intercept, nil
 }
 
@@ -221,114 +223,70 @@ func (m *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 	}
 	scope := idem.Scope{Tenant: tenant, Endpoint: info.FullMethod, Key: key}
 
-	lease, replay, err := m.opts.Store.Claim(ctx, scope, fp)
-	if errors.Is(err, idem.ErrInProgress) && m.opts.Wait > 0 {
-		wctx, cancel := context.WithTimeout(ctx, m.opts.Wait)
-		werr := m.opts.Store.Wait(wctx, scope)
-		cancel()
-		if werr == nil {
-			lease, replay, err = m.opts.Store.Claim(ctx, scope, fp)
-		}
-	}
-	switch {
-	case err != nil:
-		return nil, m.refuse(err)
-	case replay != nil:
-		return m.replay(ctx, replay)
-	default:
-		return m.execute(ctx, req, info, handler, lease)
-	}
+	return m.execute(ctx, req, info, handler, scope, fp)
 }
 
-// refuse answers a claim that did not get the key.
+// refuse answers a call that did not run, or whose outcome could not be
+// stored, in the contract's words.
 func (m *interceptor) refuse(err error) error {
-	var ke *idem.KeyError
-	switch {
-	case errors.Is(err, idem.ErrFingerprintMismatch):
-		return m.problem(m.opts.MismatchCode, idem.CodeKeyReuse,
-			"this idempotency key was used for a different request; use a new key for a new operation", 0, nil)
-	case errors.Is(err, idem.ErrInProgress) && errors.As(err, &ke):
-		return m.problem(codes.Aborted, idem.CodeInProgress,
-			"a call with this idempotency key is still being processed; retry with the same key", max(ke.RetryAfter, time.Millisecond), nil)
-	case errors.Is(err, idem.ErrOutcomePending) && errors.As(err, &ke) && ke.Reconciling:
-		// Its lease ran out, and the store's reconciler picks it up on its
-		// next pass: the retry is worth making.
-		return m.problem(codes.Aborted, idem.CodeInProgress, idem.ReconcilingDetail, ke.RetryAfter, nil)
-	case errors.Is(err, idem.ErrOutcomePending):
-		return m.problem(codes.FailedPrecondition, idem.CodeOutcomePending,
-			"an earlier attempt with this idempotency key "+idem.PendingOutcome(err)+"; every retry with this key gets this answer "+
-				"until the service's operator resolves it (idem resolve). Do not send the call under a new key: it would run again", 0, nil)
-	case errors.Is(err, idem.ErrInvalidScope):
-		return m.problem(codes.InvalidArgument, idem.CodeKeyInvalid, err.Error(), 0, nil)
-	case errors.Is(err, idem.ErrClockBehind):
-		// The store logs and counts it; a line per call would drown that
-		// one.
-		return m.problem(codes.Unavailable, idem.CodeClockBehind, idem.ClockBehindDetail, idem.ClockBehindRetry, nil)
-	default:
-		m.opts.Logger.Error("idemgrpc: claim failed", "err", err)
-		return m.problem(codes.Unavailable, idem.CodeStoreUnavailable,
-			"the idempotency store is unavailable; retry with the same key", time.Second, nil)
+	rf := idem.Refuse(err, "call")
+	c := codes.Unavailable
+	switch rf.Code {
+	case idem.CodeKeyReuse:
+		c = m.opts.MismatchCode
+	case idem.CodeInProgress:
+		// A RetryInfo of zero would read as "retry at once, forever".
+		c, rf.RetryAfter = codes.Aborted, max(rf.RetryAfter, time.Millisecond)
+	case idem.CodeOutcomePending:
+		c = codes.FailedPrecondition
+	case idem.CodeKeyInvalid:
+		c = codes.InvalidArgument
 	}
+	return m.problem(c, rf.Code, rf.Detail, rf.RetryAfter, nil)
 }
 
-// execute runs the handler under the lease and stores its outcome before
-// the answer leaves: a client must never hold an answer that its retries
-// cannot get back.
-func (m *interceptor) execute(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, lease idem.Lease) (any, error) {
+// execute runs the handler through idem.Do, which claims the key and
+// stores the outcome before the answer leaves: a client must never hold
+// an answer that its retries cannot get back.
+func (m *interceptor) execute(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, scope idem.Scope, fp idem.Fingerprint) (any, error) {
 	// A client that gives up must not cancel the operation: its retry
 	// should find the finished answer, not a half-done one.
 	keep := context.WithoutCancel(ctx)
-	returned := false
-	defer func() {
-		if returned {
-			return
+	var (
+		ran          bool
+		resp         any
+		herr, encErr error
+	)
+	res, err := idem.Do(ctx, m.opts.Store, scope, fp, m.do, func(context.Context, idem.Lease) (idem.Response, error) {
+		ran = true
+		resp, herr = handler(keep, req)
+		if herr != nil {
+			switch m.opts.Outcome(info.FullMethod, herr) {
+			case OutcomeRelease:
+				return idem.Response{}, idem.ErrNoEffect
+			case OutcomeStore:
+			default:
+				return idem.Response{}, herr
+			}
 		}
-		// The handler panicked, or ended its goroutine, after it may have
-		// done anything.
-		p := recover()
-		m.end(lease, lease.MarkUnknown(keep))
-		if p != nil {
-			panic(p)
+		answer, err := encode(resp, herr)
+		if err != nil {
+			// The operation ran, but its answer can be neither kept nor
+			// sent.
+			encErr = err
+			return idem.Response{}, err
 		}
-	}()
-	resp, herr := handler(keep, req)
-	returned = true
-	if herr != nil {
-		switch m.opts.Outcome(info.FullMethod, herr) {
-		case OutcomeRelease:
-			m.end(lease, lease.Release(keep))
-			return nil, herr
-		case OutcomeStore:
-		default:
-			m.end(lease, lease.MarkUnknown(keep))
-			return nil, herr
-		}
-	}
-	answer, err := encode(resp, herr)
-	if err != nil {
-		// The operation ran, but its answer cannot be kept, nor sent.
-		m.end(lease, lease.MarkUnknown(keep))
-		return nil, status.Errorf(codes.Internal, "idemgrpc: %s: %v", info.FullMethod, err)
-	}
-	if err := lease.Complete(keep, answer); err != nil {
-		m.end(lease, err)
-		// Sending the answer would let the client hold what its retry
-		// cannot get back; the retry is refused until the record is
-		// reconciled, and never runs the operation again.
-		return nil, m.problem(codes.Unavailable, idem.CodeStoreUnavailable,
-			"the call ran but its outcome could not be stored; retry with the same key, it will not run twice", time.Second, nil)
+		return answer, nil
+	})
+	switch {
+	case res.Replayed != nil:
+		return m.replay(ctx, res.Replayed)
+	case !ran, errors.Is(err, idem.ErrOutcomeNotStored):
+		return nil, m.refuse(err)
+	case encErr != nil:
+		return nil, status.Errorf(codes.Internal, "idemgrpc: %s: %v", info.FullMethod, encErr)
 	}
 	return resp, herr
-}
-
-// end logs an outcome that could not be stored. The record stays in
-// progress and is found by reconciliation: never re-run blindly.
-func (m *interceptor) end(lease idem.Lease, err error) {
-	if err != nil {
-		s := lease.Scope()
-		m.opts.Logger.Error("idemgrpc: storing the outcome failed; the record stays in progress until reconciled",
-			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", idem.KeyHash(s.Key), "err", err)
-	}
 }
 
 // replay answers with the stored answer and marks it replayed.

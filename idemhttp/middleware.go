@@ -158,6 +158,7 @@ type middleware struct {
 	keys      *idem.KeySyntax
 	release   map[int]bool // Outcomes.Release
 	unknown   map[int]bool // Outcomes.Unknown
+	do        *idem.DoOptions
 }
 
 // New validates o and returns the middleware. Wrap each route's handler
@@ -270,6 +271,7 @@ func newMiddleware(o Options) (*middleware, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	m.do = &idem.DoOptions{Wait: o.Wait, Logger: o.Logger}
 	return m, nil
 }
 
@@ -442,57 +444,23 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	}
 	scope := idem.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
 
-	lease, replay, err := m.opts.Store.Claim(r.Context(), scope, fp)
-	if errors.Is(err, idem.ErrInProgress) && m.opts.Wait > 0 {
-		wctx, cancel := context.WithTimeout(r.Context(), m.opts.Wait)
-		werr := m.opts.Store.Wait(wctx, scope)
-		cancel()
-		if werr == nil {
-			lease, replay, err = m.opts.Store.Claim(r.Context(), scope, fp)
-		}
-	}
-	switch {
-	case err != nil:
-		return m.refuse(w, err)
-	case replay != nil:
-		return m.replay(w, r, replay)
-	default:
-		return m.execute(w, r, next, lease)
-	}
+	return m.execute(w, r, next, scope, fp)
 }
 
-// refuse answers a claim that did not get the key.
+// refuse answers a request that did not run, or whose outcome could not
+// be stored, in the contract's words.
 func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, status int) {
-	var ke *idem.KeyError
-	switch {
-	case errors.Is(err, idem.ErrFingerprintMismatch):
-		return m.problem(w, Problem{Status: m.opts.MismatchStatus, Code: idem.CodeKeyReuse,
-			Detail: "this idempotency key was used for a different request; use a new key for a new operation"}, 0)
-	case errors.Is(err, idem.ErrInProgress) && errors.As(err, &ke):
-		return m.problem(w, Problem{Status: http.StatusConflict, Code: idem.CodeInProgress,
-			Detail: "a request with this idempotency key is still being processed; retry with the same key"}, ke.RetryAfter)
-	case errors.Is(err, idem.ErrOutcomePending) && errors.As(err, &ke) && ke.Reconciling:
-		// Its lease ran out, and the store's reconciler picks it up on its
-		// next pass: the retry is worth making.
-		return m.problem(w, Problem{Status: http.StatusConflict, Code: idem.CodeInProgress,
-			Detail: idem.ReconcilingDetail}, ke.RetryAfter)
-	case errors.Is(err, idem.ErrOutcomePending):
-		return m.problem(w, Problem{Status: http.StatusConflict, Code: idem.CodeOutcomePending,
-			Detail: "an earlier attempt with this idempotency key " + idem.PendingOutcome(err) + "; every retry with this key gets this answer " +
-				"until the service's operator resolves it (idem resolve). " +
-				"Do not send the operation under a new key: it would run again"}, 0)
-	case errors.Is(err, idem.ErrInvalidScope):
-		return m.problem(w, Problem{Status: http.StatusBadRequest, Code: idem.CodeKeyInvalid, Detail: err.Error()}, 0)
-	case errors.Is(err, idem.ErrClockBehind):
-		// The store logs and counts it; a line per request would drown
-		// that one.
-		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: idem.CodeClockBehind,
-			Detail: idem.ClockBehindDetail}, idem.ClockBehindRetry)
-	default:
-		m.opts.Logger.Error("idemhttp: claim failed", "err", err)
-		return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: idem.CodeStoreUnavailable,
-			Detail: "the idempotency store is unavailable; retry with the same key"}, time.Second)
+	rf := idem.Refuse(err, "request")
+	status = http.StatusServiceUnavailable
+	switch rf.Code {
+	case idem.CodeKeyReuse:
+		status = m.opts.MismatchStatus
+	case idem.CodeInProgress, idem.CodeOutcomePending:
+		status = http.StatusConflict
+	case idem.CodeKeyInvalid:
+		status = http.StatusBadRequest
 	}
+	return m.problem(w, Problem{Status: status, Code: rf.Code, Detail: rf.Detail}, rf.RetryAfter)
 }
 
 // replay answers with the stored response, verbatim. A response whose
@@ -611,75 +579,60 @@ func decode(c string, body []byte) ([]byte, error) {
 	return io.ReadAll(zr)
 }
 
-// execute runs the handler under the lease, stores its outcome, and only
-// then lets the response reach the client: a client must never hold an
-// answer that a crash could still take back from its retries. A handler
-// that flushes streams instead (see recorder).
-func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, lease idem.Lease) (result string, status int) {
+// The operation's errors that tell idem.Do to record the outcome as
+// unknown.
+var (
+	errUnknown  = errors.New("idemhttp: the handler marked the outcome unknown")
+	errHijacked = errors.New("idemhttp: the handler took over the connection")
+)
+
+// execute runs the handler through idem.Do, which claims the key and
+// stores the outcome, and only then lets the response reach the client: a
+// client must never hold an answer that a crash could still take back
+// from its retries. A handler that flushes streams instead (see recorder).
+func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, scope idem.Scope, fp idem.Fingerprint) (result string, status int) {
 	out := &outcome{}
 	// A client that disconnects must not cancel the operation: its retry
 	// should find the finished result, not a half-done one.
-	ctx := context.WithValue(context.WithoutCancel(r.Context()), ctxKey{}, out)
-	rec := &recorder{w: w, outer: w.Header().Clone(), h2: r.ProtoMajor >= 2, expires: httpDate(lease.Record().ExpiresAt)}
-	storeCtx := context.WithoutCancel(r.Context())
-	returned := false
-	defer func() {
-		if returned {
-			return
+	hctx := context.WithValue(context.WithoutCancel(r.Context()), ctxKey{}, out)
+	var rec *recorder
+	res, err := idem.Do(r.Context(), m.opts.Store, scope, fp, m.do, func(_ context.Context, lease idem.Lease) (idem.Response, error) {
+		rec = &recorder{w: w, outer: w.Header().Clone(), h2: r.ProtoMajor >= 2, expires: httpDate(lease.Record().ExpiresAt)}
+		// What a handler that panics wrote is never sent: net/http breaks
+		// the connection.
+		next.ServeHTTP(rec, r.WithContext(hctx))
+		status, header, body := rec.response()
+		release, unknown := m.settle(out, status)
+		switch {
+		case rec.hijacked:
+			return idem.Response{}, errHijacked
+		case unknown:
+			return idem.Response{}, errUnknown
+		case release:
+			return idem.Response{}, idem.ErrNoEffect
 		}
-		// The handler panicked, or ended its goroutine (runtime.Goexit),
-		// after it may have done anything. What it wrote is never sent:
-		// net/http breaks the connection.
-		p := recover()
-		m.end(lease, lease.MarkUnknown(storeCtx))
-		if p != nil {
-			panic(p)
-		}
-	}()
-	next.ServeHTTP(rec, r.WithContext(ctx))
-	returned = true
-	status, header, body := rec.response()
-	release, unknown := m.settle(out, status)
+		return idem.Response{Status: status, Header: header, Body: body}, nil
+	})
 	switch {
-	case rec.hijacked:
-		m.end(lease, lease.MarkUnknown(storeCtx))
+	case res.Replayed != nil:
+		return m.replay(w, r, res.Replayed)
+	case rec == nil:
+		return m.refuse(w, err)
+	case errors.Is(err, errHijacked):
 		return idem.OutcomeHijacked, 0
-	case unknown:
-		m.end(lease, lease.MarkUnknown(storeCtx))
-	case release:
-		m.end(lease, lease.Release(storeCtx))
-	default:
-		err := lease.Complete(storeCtx, idem.Response{Status: status, Header: header, Body: body})
-		m.end(lease, err)
-		if err == nil {
-			rec.setHeader(idem.HeaderExpires, rec.expires)
-		}
-		if err != nil && rec.streaming {
-			// Most of a streamed answer is out, but not its end: breaking
-			// the connection now tells the client it does not have it.
-			panic(http.ErrAbortHandler)
-		}
-		if err != nil {
-			// The operation ran but its answer is not stored: sending it
-			// would let the client hold what its retry cannot get back.
-			// The retry gets 409 until the record is reconciled; it never
-			// runs the operation again.
-			key := w.Header().Get(idem.HeaderKey)
-			clear(w.Header())
-			w.Header().Set(idem.HeaderKey, key)
-			return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: idem.CodeStoreUnavailable,
-				Detail: "the request ran but its outcome could not be stored; retry with the same key, it will not run twice"}, time.Second)
-		}
+	case errors.Is(err, idem.ErrOutcomeNotStored) && rec.streaming:
+		// Most of a streamed answer is out, but not its end: breaking the
+		// connection now tells the client it does not have it.
+		panic(http.ErrAbortHandler)
+	case errors.Is(err, idem.ErrOutcomeNotStored):
+		// The retry gets 409 until the record is reconciled; it never runs
+		// the operation again.
+		key := w.Header().Get(idem.HeaderKey)
+		clear(w.Header())
+		w.Header().Set(idem.HeaderKey, key)
+		return m.refuse(w, err)
+	case err == nil:
+		rec.setHeader(idem.HeaderExpires, rec.expires)
 	}
 	return idem.OutcomeExecuted, rec.send()
-}
-
-// end logs an outcome that could not be stored. The record stays in
-// progress and is found by reconciliation: never re-run blindly.
-func (m *middleware) end(lease idem.Lease, err error) {
-	if err != nil {
-		s := lease.Scope()
-		m.opts.Logger.Error("idemhttp: storing the outcome failed; the record stays in progress until reconciled",
-			"tenant", s.Tenant, "endpoint", s.Endpoint, "key_hash", idem.KeyHash(s.Key), "err", err)
-	}
 }
