@@ -59,7 +59,7 @@ func Example() {
 	// Output:
 	// 201  {"id":"pay_1"}
 	// 201 true {"id":"pay_1"}
-	// 422  {"type":"https://github.com/idemkv/idem#idempotency_key_reuse","title":"Unprocessable Entity","status":422,"detail":"this idempotency key was used for a different request; use a new key for a new operation","code":"idempotency_key_reuse"}
+	// 422  {"type":"https://github.com/idemkv/idem/blob/main/docs/problems.md#idempotency_key_reuse","title":"Unprocessable Entity","status":422,"detail":"this idempotency key was used for a different request; use a new key for a new operation","code":"idempotency_key_reuse"}
 	// charges: 1
 }
 

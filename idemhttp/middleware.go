@@ -113,7 +113,7 @@ type Options struct {
 	// answers: the type is ProblemBase followed by the problem's code, and
 	// each answer links to it (Link rel="describedby"). It must be an
 	// absolute URI; point it at your own documentation with a page or an
-	// anchor per code. Default: DefaultProblemBase, idem's README.
+	// anchor per code. Default: DefaultProblemBase, docs/problems.md.
 	ProblemBase string
 
 	// Outcomes says which of the handler's statuses free the key or leave

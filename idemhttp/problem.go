@@ -13,8 +13,10 @@ const ProblemType = "application/problem+json"
 
 // DefaultProblemBase begins the type URI of every problem idemhttp answers
 // unless Options.ProblemBase says otherwise: followed by the problem's
-// code, it names the section of idem's README that documents that code.
-const DefaultProblemBase = "https://github.com/idemkv/idem#"
+// code, it names the section of docs/problems.md that documents that code.
+// The README keeps an anchor for each code as well, for clients that
+// still point at it.
+const DefaultProblemBase = "https://github.com/idemkv/idem/blob/main/docs/problems.md#"
 
 // Problem is an RFC 9457 problem document with idemhttp's code member.
 type Problem struct {

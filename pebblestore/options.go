@@ -77,7 +77,7 @@ type Options struct {
 	// write-ahead logs shrink with the memtables, so the disk the store
 	// keeps when empty shrinks too. The process needs more than this for
 	// the Go runtime, its code and the requests in flight. Smaller budgets
-	// flush and compact more often and cost throughput; see the README for
+	// flush and compact more often and cost throughput; see docs/devices.md for
 	// what to pick. It cannot be set with CacheBytes. At least 4 MiB.
 	// Default: none, which sizes for a server (CacheBytes).
 	MemoryBytes int64

@@ -22,6 +22,8 @@ Prints the canonical form of the JSON document in FILE (or standard input,
 also when FILE is "-"), with no trailing newline: the bytes a fingerprint
 hashes for a JSON body.
 
+Reference: `+docsURL("docs/canonical.md")+`
+
 `)
 		fs.PrintDefaults()
 	}

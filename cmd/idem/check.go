@@ -43,6 +43,8 @@ With --admin the running server checks its own store, from a snapshot,
 while it serves: the check reads every key, which its requests feel as
 latency, so a quiet hour suits it best.
 
+Reference: `+docsURL("docs/operating.md")+`
+
 `+toolStoreRule+"\n"+adminToolRule+"\n")
 		fs.PrintDefaults()
 	}

@@ -30,6 +30,9 @@ its lease until then. Only the embedded store has a mark.
 
 The tool needs the directory to itself: a running serve or proxy holds it
 and must be stopped first (SIGTERM lets its requests finish).
+
+Reference: `+docsURL("docs/devices.md#wrong-clocks")+`
+
 `)
 		flags.PrintDefaults()
 	}

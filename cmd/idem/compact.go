@@ -31,7 +31,7 @@ this is for reclaiming space at once, after a burst or before a backup.
 In a store whose endpoints have different TTLs, part of the space of
 responses over a few hundred bytes stays in blob files shared with live
 records; a running service has Pebble rewrite those files once a fifth of
-all blob bytes are garbage (README: Expiry and storage).
+all blob bytes are garbage.
 
 With --store, compact deletes the expired rows from PostgreSQL and
 reports how many; autovacuum gives their space back to the table, so
@@ -46,6 +46,8 @@ shows the space reclaimed a little later.
 
 Progress goes to standard error: a bar on a terminal, plain lines
 otherwise. Interrupting it is safe: what was swept stays swept.
+
+Reference: `+docsURL("docs/operating.md#expiry-and-storage")+`
 
 `+toolStoreRule+"\n"+adminToolRule+"\n")
 		flags.PrintDefaults()

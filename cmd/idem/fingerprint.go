@@ -41,6 +41,8 @@ standard input, also when FILE is "-"). Two requests that share an
 idempotency key must print the same line; if a retry got 422, compare the
 two with --show-body.
 
+Reference: `+docsURL("docs/canonical.md")+`
+
 `)
 		fs.PrintDefaults()
 	}

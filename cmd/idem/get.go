@@ -34,6 +34,8 @@ whole record, the body as a string when it is UTF-8 text.
 
 A record past its TTL counts as absent, as it does for every request.
 
+Reference: `+docsURL("docs/operating.md")+`
+
 `+toolStoreRule+"\n"+adminToolRule+"\n")
 		fs.PrintDefaults()
 	}

@@ -42,6 +42,8 @@ can be matched without either holding the key.
 Find stuck work with --state in_progress --older-than 1m, or --state
 unknown; resolve it with idem resolve.
 
+Reference: `+docsURL("docs/operating.md")+`
+
 `+toolStoreRule+"\n"+adminToolRule+"\n")
 		fs.PrintDefaults()
 	}

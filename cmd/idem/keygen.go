@@ -65,6 +65,8 @@ random source, one a line. Every format fits idemhttp's default alphabet.
 A client makes one key per operation, stores it with the operation before
 the first attempt, and sends the same key on every retry.
 
+Reference: `+docsURL("docs/client.md")+`
+
 `)
 		fs.PrintDefaults()
 	}

@@ -71,6 +71,13 @@ func usage(w io.Writer) {
 	for _, name := range names {
 		fmt.Fprintf(&b, "  %-12s %s\n", name, commands[name].summary)
 	}
-	b.WriteString("\nRun 'idem <command> --help' for a command's flags.\n")
+	b.WriteString("\nRun 'idem <command> --help' for a command's flags. Documentation: " + docsURL("README.md") + "\n")
 	io.WriteString(w, b.String())
+}
+
+// docsURL names a page (and anchor) of idem's documentation by its path
+// in the repository: docs/ holds each command's full reference, and the
+// --help texts point there instead of repeating it.
+func docsURL(path string) string {
+	return "https://github.com/idemkv/idem/blob/main/" + path
 }

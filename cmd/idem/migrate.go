@@ -40,6 +40,8 @@ migrations missing, and exits 1 when some are.
 
 The DSN may hold a password: no message repeats it.
 
+Reference: `+docsURL("docs/postgres.md")+`
+
 `)
 		fs.PrintDefaults()
 	}

@@ -65,82 +65,36 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 Puts the idempotency-key contract in front of an HTTP service written in
 any language. A request whose method is in --require must carry an
-Idempotency-Key, and one with any other unsafe method that carries a key
-is treated alike; the first one is forwarded and its response is recorded
-before it reaches the client (a response without a length streams, all
-but its end), and every retry gets that response again
-(Idempotent-Replayed: true) without reaching the upstream; a response
-whose body is over --max-stored-body is not kept, and its retries get 410
-response_body_omitted instead. The same key with a different request gets
-422; a duplicate of a request still running gets 409 with Retry-After.
-A stored answer and its replays say when the key expires
-(Idempotency-Key-Expires). The key is forwarded, so the upstream can pass
-it on to its own providers.
+Idempotency-Key (any other unsafe method that carries one is treated
+alike). The first is forwarded and its response recorded before the
+client gets it; every retry gets that response again
+(Idempotent-Replayed: true) without reaching the upstream. The same key
+with a different request gets 422, a duplicate of one still running 409
+with Retry-After. Responses over --max-stored-body are not kept: their
+retries get 410 response_body_omitted.
 
---routes FILE gives routes settings of their own: a JSON object that
-maps ServeMux patterns (POST /v1/charges/{id}) to "require" (methods
-that must carry a key; [] for none), "ttl", "volatile" (JSON Pointers
-left out of the fingerprint), "release_status", "unknown_status" and
-"strict_canonical". The most specific pattern that matches the cleaned
-path wins; a request none matches gets the flags' settings. A route's
-keys are stored under its pattern.
+--routes FILE gives route patterns settings of their own (require, ttl,
+volatile, release_status, unknown_status, strict_canonical):
+`+docsURL("docs/proxy.md#routes")+`
 
-A JSON or form body the upstream may accept but that cannot be put in
-canonical form (duplicate members, NaN, nesting deeper than 128, a bare %
-in a form) is fingerprinted as its raw bytes: its retry must send the
-same bytes. --strict-canonical refuses such bodies with 400 instead.
+Every upstream answer is recorded unless --release-status (free the key)
+or --unknown-status (record the outcome unknown) lists its status, or
+the upstream says so in Idempotency-Outcome. A claim whose lease ran out
+is never run again blindly: its retries get 409 outcome_pending until it
+is resolved. With --reconcile-url the proxy asks the upstream once a
+minute what became of each one: a 2xx answer is stored (with its status,
+or the one Idempotency-Original-Status gives), a 404 says the operation
+never took effect and frees the key, and after --reconcile-attempts
+unanswered lookups the outcome is recorded unknown:
+`+docsURL("docs/proxy.md#reconciling-with-the-upstream")+`
 
-The records are kept in the directory --data names, which one process
-holds at a time, or with --store DSN in PostgreSQL: then any number of
-proxies in front of replicas of the upstream share them, a key claimed
-through one is in progress through all, and the operator tools run
-beside them. The proxy applies the schema's migrations when it starts.
+Records live in --data (one process at a time) or, with --store DSN, in
+PostgreSQL shared by any number of proxies. --admin serves /metrics,
+/healthz and, with an admin token, the operator routes that idem
+inspect, get, resolve, check and compact use with --admin URL:
+`+docsURL("docs/operating.md#stuck-keys-while-the-service-runs")+`
 
-Every response the upstream gives is recorded, errors included, unless
---release-status or --unknown-status lists its status: then the answer
-reaches the client, and the key is freed (a retry runs again) or its
-outcome is recorded unknown. The upstream may say it per answer with the
-response header Idempotency-Outcome: release, unknown or store (replay
-this answer whatever the lists say); the proxy removes the header before
-the client sees the answer. When the upstream cannot be reached at all
-the key is freed and the proxy answers 502; when it fails or times out
-after the request was sent, the outcome is recorded unknown (retries get
-409 outcome_pending until it is resolved) and the proxy answers 502 or
-504.
-
-A claim whose lease ran out before its answer was stored (the proxy was
-killed, or the store failed) is never run again blindly: its retries get
-409 outcome_pending until an operator resolves it. With --reconcile-url,
-the proxy instead asks the upstream once a minute what became of each
-such operation: GET on the URL, with {key}, {tenant} (as --tenant-from
-makes it) and {endpoint} (METHOD /path, or the route's pattern) filled
-in, and the key in Idempotency-Key. A 2xx answer is the operation's
-response: it is stored and replayed to retries, with the lookup's status
-or the one its Idempotency-Original-Status header gives. A 404 says the
-operation never took effect: the key is freed and a retry runs it. An
-answer with Idempotency-Outcome: unknown records the outcome unknown.
-Anything else (a redirect, a 5xx, no answer within --upstream-timeout)
-is asked again a minute later, and after --reconcile-attempts unanswered
-lookups the outcome is recorded unknown. Meanwhile retries get 409
-request_in_progress with Retry-After. The lookup must answer 404 only
-when it knows the operation did not commit: a 404 for a wrong path would
-free keys whose operations ran.
-
-The listener speaks HTTP/1.1: a client that opens with HTTP/2 without
-TLS (prior knowledge) gets 505 and a closed connection, and nothing
-reaches the upstream.
-
-Every path on --listen belongs to the upstream, so operators get a
-listener of their own, --admin, with GET /metrics (Prometheus metrics of
-the store and of the proxy's answers, idem_*) and GET /healthz (200 ok
-while the store can be read, else 503). It listens on the loopback
-interface unless told otherwise. Given an admin token (--admin-token-file,
-or IDEM_ADMIN_TOKEN), it also serves the operator routes under
-/v1/admin/, so that idem inspect, get, stats, resolve, check and compact
---admin URL settle stuck keys and look after the store while the proxy
-runs; without one they are not served. Every change of a record's state
-is logged to standard error as one line, with a hash of the key, never
-the key itself.
+Full reference: `+docsURL("docs/proxy.md")+`
 
 `)
 		fs.PrintDefaults()
@@ -398,7 +352,7 @@ func http1Only(problemBase string, h http.Handler) http.Handler {
 }
 
 // The codes of the problems the proxy answers itself, beside the
-// middleware's; the README documents each under its name.
+// middleware's; docs/problems.md documents each under its name.
 const (
 	codeUpstreamUnavailable = "upstream_unavailable"       // 502: nothing was sent; the key is free
 	codeUpstreamFailed      = "upstream_failed"            // 502: sent, then lost; the outcome is unknown

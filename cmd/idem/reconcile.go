@@ -20,7 +20,7 @@ import (
 // The proxy's reconciler: with --reconcile-url, the store hands it every
 // claim whose lease ran out (the proxy died, or could not store the
 // answer), and it asks the upstream what became of the operation. The
-// rules below are the ones the README and proxy's help promise.
+// rules below are the ones docs/proxy.md and the proxy's help promise.
 
 // headerOriginalStatus lets a lookup that answers 2xx give the original
 // response's status when it differs from its own.

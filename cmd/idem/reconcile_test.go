@@ -334,7 +334,7 @@ func TestReconcileFlags(t *testing.T) {
 	}
 	r := runIdem(t, "", "proxy", "--help")
 	assert.Equal(t, 0, r.code)
-	for _, want := range []string{"-reconcile-url URL", "-reconcile-attempts", headerOriginalStatus, "A 404 says the\noperation never took effect"} {
+	for _, want := range []string{"-reconcile-url URL", "-reconcile-attempts", headerOriginalStatus, docsURL("docs/proxy.md#reconciling-with-the-upstream")} {
 		assert.Contains(t, r.stderr, want)
 	}
 }

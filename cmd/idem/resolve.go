@@ -61,6 +61,8 @@ A completed record is never overwritten, and a claim whose lease is still
 running is left alone. Every resolution is logged to standard error as a
 structured line.
 
+Reference: `+docsURL("docs/operating.md#stuck-keys-while-the-service-runs")+`
+
 `+toolStoreRule+"\n"+adminToolRule+"\n")
 		fs.PrintDefaults()
 	}

@@ -72,6 +72,8 @@ For operators, on the same address:
 Every change of a record's state is logged to standard error as one line,
 with a hash of the key and of the token, never the key or the token.
 
+Reference: `+docsURL("README.md#try-it")+`
+
 `)
 		fs.PrintDefaults()
 	}

@@ -48,6 +48,8 @@ how many tables a read may visit), for PostgreSQL the size of the table
 with its indexes. It reads every record once. While serve or proxy runs,
 its /metrics endpoint reports the same figures.
 
+Reference: `+docsURL("docs/operating.md")+`
+
 `+toolStoreRule+"\n"+adminToolRule+"\n")
 		fs.PrintDefaults()
 	}

@@ -94,7 +94,7 @@ func (s *storeFlags) addAdmin() {
 
 // addMemory registers --memory, for serve and proxy.
 func (s *storeFlags) addMemory() {
-	s.fs.Var(&s.memory, "memory", "memory the embedded store holds for itself, a `SIZE` such as 16MiB or 64MiB: its cache, write buffers and key filter share it, and the disk it keeps when empty shrinks with it. 0 sizes it for a server, about 200MiB and more. The process needs more than this: see the README's advice for devices. At least 4MiB; --data only")
+	s.fs.Var(&s.memory, "memory", "memory the embedded store holds for itself, a `SIZE` such as 16MiB or 64MiB: its cache, write buffers and key filter share it, and the disk it keeps when empty shrinks with it. 0 sizes it for a server, about 200MiB and more. The process needs more than this: see docs/devices.md. At least 4MiB; --data only")
 }
 
 // postgres reports whether the records are in PostgreSQL.
