@@ -20,7 +20,7 @@ import (
 // hangs must turn into 503, not into a probe that never answers.
 const healthTimeout = 2 * time.Second
 
-// admin is what serve and proxy show operators: Prometheus metrics and a
+// admin is what the proxy shows operators: Prometheus metrics and a
 // health check, over a registry of their own so that nothing else in the
 // process can add to or collide with it.
 type admin struct {

@@ -72,7 +72,7 @@ func (c *adminClient) do(ctx context.Context, method, path string, in any) (*htt
 	var p idemhttp.Problem
 	if resp.Header.Get("Content-Type") != idemhttp.ProblemType || json.NewDecoder(resp.Body).Decode(&p) != nil {
 		if resp.StatusCode == http.StatusNotFound {
-			return nil, fmt.Errorf("the admin listener at %s serves no operator routes: start serve or proxy with an admin token (--admin-token-file or %s)", c.base, adminTokenEnv)
+			return nil, fmt.Errorf("the admin listener at %s serves no operator routes: start idem proxy with an admin token (--admin-token-file or %s)", c.base, adminTokenEnv)
 		}
 		return nil, fmt.Errorf("the admin listener at %s answered %s", c.base, resp.Status)
 	}

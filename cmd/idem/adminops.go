@@ -22,7 +22,7 @@ import (
 
 // The operator routes: what inspect, get, stats and resolve do (and check
 // and compact, in adminmaint.go), served on the admin listener of a
-// running serve or proxy, so that stuck keys can be settled without
+// running proxy, so that stuck keys can be settled without
 // stopping it. Every route needs the admin token as a
 // bearer token; without a configured token none is served.
 //
@@ -71,7 +71,7 @@ func adminTokenFlag(fs *flag.FlagSet) func() (string, error) {
 	}
 }
 
-// loadAdminToken reads the admin token for serve or proxy; ok is false
+// loadAdminToken reads the admin token for the proxy; ok is false
 // when it cannot be read, which is a usage mistake, said on stderr.
 func loadAdminToken(name string, read func() (string, error), stderr io.Writer) (token string, ok bool) {
 	token, err := read()
@@ -238,12 +238,20 @@ func (a *admin) records(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// readRequest reads r's JSON body into v as serve's handlers do, and
+// readRequest reads r's JSON body into v, refusing unknown members, and
 // answers 400 when it fails.
 func readRequest(w http.ResponseWriter, r *http.Request, v any) bool {
-	r.Body = http.MaxBytesReader(w, r.Body, maxAdminBody)
-	if err := decodeBody(r, v); err != nil {
-		adminProblem(w, http.StatusBadRequest, codeBadRequest, err.Error(), 0)
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	// A misspelt member would otherwise be dropped without a word.
+	dec.DisallowUnknownFields()
+	detail := ""
+	if err := dec.Decode(v); err != nil {
+		detail = "the body is not the JSON object expected: " + err.Error()
+	} else if dec.More() {
+		detail = "the body has data after its JSON object"
+	}
+	if detail != "" {
+		adminProblem(w, http.StatusBadRequest, codeBadRequest, detail, 0)
 		return false
 	}
 	return true

@@ -219,23 +219,6 @@ func TestAdminOpsOff(t *testing.T) {
 	assert.Contains(t, p.stderr.String(), "operator routes off: no admin token")
 }
 
-// TestAdminOpsServe: serve takes the token from the environment, and
-// serves the routes beside its API.
-func TestAdminOpsServe(t *testing.T) {
-	t.Setenv(adminTokenEnv, adminToken)
-	s := startDaemon(t, "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0")
-	pay := send(t, "POST", s.url+"/v1/payments", `{"amount": 4200, "currency": "usd", "customer": "cus_1"}`, "Authorization", "Bearer sk_test_bob", "Idempotency-Key", newKey())
-	require.Equal(t, http.StatusCreated, pay.status, "%s", pay.body)
-
-	r := runIdem(t, "", "inspect", "--admin", s.url, "--json")
-	require.Equal(t, 0, r.code, r.stderr)
-	views := jsonLines(t, r.stdout)
-	require.Len(t, views, 1)
-	assert.Equal(t, "completed", views[0].State)
-	assert.Empty(t, views[0].Key, "keys stay hidden without --show-keys")
-	assert.Equal(t, http.StatusUnauthorized, send(t, "GET", s.url+"/v1/admin/metrics", "").status)
-}
-
 // TestAdminToolUsage: every tool that reaches a running server takes
 // --admin, alone, with a token.
 func TestAdminToolUsage(t *testing.T) {

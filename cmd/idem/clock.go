@@ -28,7 +28,7 @@ it back to the clock. Records written under that clock keep its times:
 they expire that much later, and a claim still in progress from then keeps
 its lease until then. Only the embedded store has a mark.
 
-The tool needs the directory to itself: a running serve or proxy holds it
+The tool needs the directory to itself: a running proxy holds it
 and must be stopped first (SIGTERM lets its requests finish).
 
 Reference: `+docsURL("docs/devices.md#wrong-clocks")+`

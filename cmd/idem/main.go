@@ -32,7 +32,6 @@ var commands = map[string]command{
 	"migrate":     {"bring a PostgreSQL store's schema up to date, or --check it", runMigrate},
 	"proxy":       {"put idempotency keys in front of an HTTP service in any language", runProxy},
 	"resolve":     {"settle a stuck or unknown record as released, unknown or completed", runResolve},
-	"serve":       {"run a demo payments API behind the idempotency middleware", runServe},
 	"stats":       {"summarize the store: records by state, stuck work, disk, health", runStats},
 }
 

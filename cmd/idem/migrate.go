@@ -30,7 +30,7 @@ Brings the schema of a PostgreSQL store up to date: applies the numbered
 migrations this build needs and the database lacks, each in a transaction
 of its own, and prints the schema version. Running it again applies
 nothing. Replicas that start at the same moment take turns (an advisory
-lock), and serve and proxy apply the migrations themselves when they
+lock), and idem proxy applies the migrations itself when it
 start; run this as a separate step where the services' database user may
 not change the schema, or to prepare the database for the operator tools,
 which never change it.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -20,7 +21,7 @@ import (
 	"github.com/idemkv/idem/pebblestore"
 )
 
-// Timeouts of the HTTP servers behind serve and proxy. They bound what a
+// Timeouts of the HTTP servers behind the proxy. They bound what a
 // slow or idle client can hold (slow-loris); none bounds the handler, whose
 // work is the operation being made idempotent. There is no WriteTimeout for
 // that reason: it would cut off a slow payment provider or a streamed
@@ -31,7 +32,7 @@ const (
 	idleTimeout       = 2 * time.Minute
 )
 
-// maxStoredHelp is --max-stored-body's help, the same for serve and proxy.
+// maxStoredHelp is --max-stored-body's help, shown by the proxy.
 const maxStoredHelp = "largest response body kept for replays, a `SIZE` in bytes or with a unit (512KiB, 4MiB); a retry of a request whose answer was larger gets 410 response_body_omitted, with the original status, instead of that answer. At most 1GiB with --data, 256MiB with --store"
 
 // defaultDrain is how long a stopping server waits for requests in flight.
@@ -62,7 +63,7 @@ func openStore(name, dir string, opts *pebblestore.Options, stderr io.Writer) (i
 	}
 }
 
-// tlsFlags are --tls-cert and --tls-key, which serve and proxy take for
+// tlsFlags are --tls-cert and --tls-key, which the proxy takes for
 // their client listener.
 type tlsFlags struct{ cert, key *string }
 
@@ -202,4 +203,11 @@ func serveUntilSignal(name, addr string, tlsConf *tls.Config, dataDir string, dr
 // middleware's own, so clients parse one kind of error.
 func writeProblem(w http.ResponseWriter, p idemhttp.Problem) {
 	idemhttp.WriteProblem(w, p, 0)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(body, '\n'))
 }

@@ -45,7 +45,7 @@ their lease (overdue) and the age of the oldest, expired records that the
 sweeper has not deleted yet, and the space the records take: for the
 embedded store the space on disk and Pebble's health (read amplification:
 how many tables a read may visit), for PostgreSQL the size of the table
-with its indexes. It reads every record once. While serve or proxy runs,
+with its indexes. It reads every record once. While a proxy runs,
 its /metrics endpoint reports the same figures.
 
 Reference: `+docsURL("docs/operating.md")+`

@@ -41,23 +41,23 @@ const storeHelp = "PostgreSQL connection string (postgres://user@host:port/db): 
 const passwordHint = "A password in it is never printed, but the process list shows it: PGPASSWORD or ~/.pgpass keep it out of sight"
 
 // toolStoreRule ends the help of every tool that opens a store.
-const toolStoreRule = `With --data the tool needs the directory to itself: a running serve or
-proxy holds it and must be stopped first (SIGTERM lets its requests
+const toolStoreRule = `With --data the tool needs the directory to itself: a running proxy
+holds it and must be stopped first (SIGTERM lets its requests
 finish). With --store DSN the records are in PostgreSQL, which has many
-users at once: the tool runs while serve and proxy processes use the same
+users at once: the tool runs while proxy processes use the same
 database.
 `
 
 // adminToolRule follows toolStoreRule in the help of the tools that take
 // --admin.
-const adminToolRule = `With --admin URL the tool works through a running serve or proxy instead,
+const adminToolRule = `With --admin URL the tool works through a running proxy instead,
 on its admin listener, with the admin token from --admin-token-file or
 ` + adminTokenEnv + `: the server must have been started with the same token.
 `
 
 // openTimeout bounds opening a PostgreSQL store: an address that drops
 // packets fails the command instead of holding it for minutes. It covers
-// the migrations serve and proxy apply too; one cut off rolls back, and
+// the migrations the proxy applies too; one cut off rolls back, and
 // idem migrate, which has no such bound, can apply it instead.
 const openTimeout = time.Minute
 
@@ -67,7 +67,7 @@ type storeFlags struct {
 	fs  *flag.FlagSet
 	dir string
 	dsn string
-	// admin is the URL of a running serve or proxy's admin listener, and
+	// admin is the URL of a running proxy's admin listener, and
 	// token reads the admin token; both are set by addAdmin only.
 	admin string
 	token func() (string, error)
@@ -86,13 +86,13 @@ func addStoreFlags(fs *flag.FlagSet, dataHelp string) *storeFlags {
 }
 
 // addAdmin registers --admin and --admin-token-file, for a tool that can
-// work through a running serve or proxy instead of opening the store.
+// work through a running proxy instead of opening the store.
 func (s *storeFlags) addAdmin() {
-	s.fs.StringVar(&s.admin, "admin", "", "URL of a running serve or proxy's admin listener (http://127.0.0.1:9464): work through it, while it runs, instead of opening --data or --store")
+	s.fs.StringVar(&s.admin, "admin", "", "URL of a running proxy's admin listener (http://127.0.0.1:9464): work through it, while it runs, instead of opening --data or --store")
 	s.token = adminTokenFlag(s.fs)
 }
 
-// addMemory registers --memory, for serve and proxy.
+// addMemory registers --memory, for the proxy.
 func (s *storeFlags) addMemory() {
 	s.fs.Var(&s.memory, "memory", "memory the embedded store holds for itself, a `SIZE` such as 16MiB or 64MiB: its cache, write buffers and key filter share it, and the disk it keeps when empty shrinks with it. 0 sizes it for a server, about 200MiB and more. The process needs more than this: see docs/devices.md. At least 4MiB; --data only")
 }
@@ -108,7 +108,7 @@ func (s *storeFlags) validate() error {
 		dataSet = dataSet || f.Name == "data"
 		tokenSet = tokenSet || f.Name == "admin-token-file"
 	})
-	if tokenSet && s.admin == "" && s.token != nil { // serve and proxy take the token for themselves
+	if tokenSet && s.admin == "" && s.token != nil { // the proxy takes the token for itself
 		return errors.New("--admin-token-file goes with --admin URL")
 	}
 	if s.admin != "" {
@@ -163,7 +163,7 @@ func pgWhere(dsn string) string {
 	return "the PostgreSQL store at " + host
 }
 
-// serverOptions are the settings serve and proxy give either store; zero
+// serverOptions are the settings the proxy gives either store; zero
 // means the store's default.
 type serverOptions struct {
 	ttl, lease time.Duration
@@ -178,7 +178,7 @@ type serverOptions struct {
 	reconcile func(context.Context, idem.Lease) error
 }
 
-// openServer opens the store for serve or proxy, creating it (a directory,
+// openServer opens the store for the proxy, creating it (a directory,
 // or the PostgreSQL schema) when it is missing. It returns the exit
 // status on failure: 2 for bad options, 1 otherwise.
 func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) (idem.Operator, int) {
@@ -294,7 +294,7 @@ func (s *storeFlags) pgOpenFailed(name string, err error, stderr io.Writer) int 
 		return 2
 	case errors.Is(err, pgstore.ErrSchemaBehind):
 		fmt.Fprintf(stderr, "idem %s: %s has no idem schema, or an older one: %s.\n"+
-			"The tools never change the schema; if this is the right database, run idem migrate --store DSN (or start serve or proxy on it) first.\n",
+			"The tools never change the schema; if this is the right database, run idem migrate --store DSN (or start idem proxy on it) first.\n",
 			name, s.where(), schemaDetail(err))
 	default:
 		fmt.Fprintf(stderr, "idem %s: %s: %v\n", name, s.where(), err)

@@ -88,7 +88,6 @@ func TestStoreFlagMistakes(t *testing.T) {
 		{"inspect"}, {"stats"}, {"check"}, {"compact"},
 		append([]string{"get"}, scopeArgs(seeded.completed)...),
 		append([]string{"resolve", "--as", "released"}, scopeArgs(seeded.stuck)...),
-		{"serve", "--addr", "127.0.0.1:0"},
 		{"proxy", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"},
 	} {
 		t.Run(args[0], func(t *testing.T) {
@@ -108,7 +107,6 @@ func TestStoreFlagMistakes(t *testing.T) {
 
 func TestMemoryFlagMistakes(t *testing.T) {
 	for _, args := range [][]string{
-		{"serve", "--addr", "127.0.0.1:0"},
 		{"proxy", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1"},
 	} {
 		t.Run(args[0], func(t *testing.T) {
@@ -299,35 +297,5 @@ func TestProxyOnPostgres(t *testing.T) {
 		outputs = append(outputs, strings.Join(p.stdout, "\n"), p.stderr.String())
 		p.mu.Unlock()
 	}
-	assertNoSecret(t, dsn, outputs...)
-}
-
-// TestServeOnPostgres: serve keeps its records in PostgreSQL, so a retry
-// after a restart is still replayed.
-func TestServeOnPostgres(t *testing.T) {
-	dsn := pgDSN(t)
-	start := func() *daemon {
-		return startDaemon(t, "serve", "--store", dsn, "--addr", "127.0.0.1:0")
-	}
-	s := start()
-	assert.Regexp(t, `^the PostgreSQL store at 127\.0\.0\.1:\d+$`, s.data)
-	key := newKey()
-	body := `{"amount": 4200, "currency": "usd", "customer": "cus_1"}`
-	hdr := []string{"Idempotency-Key", key, "Authorization", "Bearer sk_test_alice"}
-	first := send(t, "POST", s.url+"/v1/payments", body, hdr...)
-	require.Equal(t, http.StatusCreated, first.status, "%s", first.body)
-	assert.Equal(t, http.StatusOK, send(t, "GET", s.url+"/healthz", "").status)
-	require.Equal(t, 0, s.stop(), s.stderr.String())
-	outputs := []string{s.stderr.String()}
-
-	s = start()
-	replay := send(t, "POST", s.url+"/v1/payments", body, hdr...)
-	assert.Equal(t, http.StatusCreated, replay.status)
-	assert.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
-	assert.Equal(t, first.body, replay.body)
-	require.Equal(t, 0, s.stop(), s.stderr.String())
-	s.mu.Lock()
-	outputs = append(outputs, strings.Join(s.stdout, "\n"), s.stderr.String())
-	s.mu.Unlock()
 	assertNoSecret(t, dsn, outputs...)
 }

@@ -99,7 +99,6 @@ func TestTLSFlagsRefused(t *testing.T) {
 	} {
 		for _, cmd := range [][]string{
 			{"proxy", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", "--admin", ""},
-			{"serve", "--addr", "127.0.0.1:0"},
 		} {
 			t.Run(cmd[0]+"/"+c.name, func(t *testing.T) {
 				data := filepath.Join(t.TempDir(), "data")

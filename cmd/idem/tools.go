@@ -18,7 +18,7 @@ import (
 // name a record, and how a record is shown. store.go opens either store.
 
 // openExisting opens the embedded store in dir for the tool called name. Unlike
-// serve and proxy, a tool never creates a store, and it needs the
+// the proxy, a tool never creates a store, and it needs the
 // directory to itself: Pebble keeps one process per store, and reading
 // files that a running process compacts away is not safe. It returns the
 // exit status on failure: 1 for a missing or busy store, 2 for bad usage.
@@ -37,9 +37,9 @@ func openExisting(name, dir string, events bool, stderr io.Writer) (idem.Operato
 	case err == nil:
 		return db, 0
 	case errors.Is(err, pebblestore.ErrNoStore):
-		fmt.Fprintf(stderr, "idem %s: %s holds no idem store; check --data (serve and proxy create one at their first start)\n", name, dir)
+		fmt.Fprintf(stderr, "idem %s: %s holds no idem store; check --data (idem proxy creates one at its first start)\n", name, dir)
 	case errors.Is(err, pebblestore.ErrLocked):
-		fmt.Fprintf(stderr, "idem %s: data directory %s is in use by another process, most likely a running idem serve or proxy.\n"+
+		fmt.Fprintf(stderr, "idem %s: data directory %s is in use by another process, most likely a running idem proxy.\n"+
 			"The tools need the store to themselves. While it runs, inspect, get, stats, resolve, check and compact work through\n"+
 			"its admin listener with --admin URL, if it was started with an admin token (--admin-token-file or "+adminTokenEnv+");\n"+
 			"otherwise stop it (SIGTERM lets requests in flight finish), run this again, then start it.\n"+
