@@ -134,7 +134,7 @@ const MinMemoryBytes = 4 << 20
 // store and the requests in flight. Without a limit the Go collector lets
 // the heap grow to twice what is live, and in a build without cgo, as
 // cross-compiled device builds are, the budget itself is Go heap. idem
-// serve and idem proxy set it for --memory unless GOMEMLIMIT is set.
+// proxy sets it for --memory unless GOMEMLIMIT is set.
 func GoMemoryLimit(memoryBytes int64) int64 { return memoryBytes + 16<<20 }
 
 // withDefaults returns a validated copy of o with every default filled in.

@@ -25,7 +25,7 @@ import (
 // failure; nothing waits for it to pass.
 const guard = 15 * time.Second
 
-// daemon is a running `idem serve` or `idem proxy` process.
+// daemon is a running `idem proxy` process.
 type daemon struct {
 	t    *testing.T
 	cmd  *exec.Cmd
