@@ -51,10 +51,46 @@ type Response struct {
 	// Status is the HTTP status code, 100 to 999.
 	Status int
 	// Header holds the response headers to replay. A nil map stores none.
+	// At most MaxResponseHeaders values and MaxResponseHeaderBytes in all.
 	Header http.Header
 	// Body is the response body. Bodies longer than the store's body cap
 	// are not stored; see Record.BodyOmitted.
 	Body []byte
+}
+
+// The bounds on a stored response's header, the same in every store: a
+// header is kept with every record and sent with every replay, so an
+// upstream that answers with thousands of fields must not make each of
+// its records megabytes.
+const (
+	MaxResponseHeaders = 256
+	// MaxResponseHeaderBytes counts each value as HTTP/1.1 sends it: name,
+	// ": ", value and CRLF.
+	MaxResponseHeaderBytes = 64 << 10
+)
+
+// Check reports, as an error matching ErrInvalidResponse, why a store's
+// Complete would refuse r: a status outside 100-999, or a header beyond
+// MaxResponseHeaders or MaxResponseHeaderBytes. Every store checks it
+// before it writes anything.
+func (r Response) Check() error {
+	if r.Status < 100 || r.Status > 999 {
+		return fmt.Errorf("%w: status %d is outside 100-999", ErrInvalidResponse, r.Status)
+	}
+	n, size := 0, 0
+	for name, vs := range r.Header {
+		n += len(vs)
+		for _, v := range vs {
+			size += len(name) + len(v) + 4
+		}
+	}
+	switch {
+	case n > MaxResponseHeaders:
+		return fmt.Errorf("%w: %d header values, more than %d", ErrInvalidResponse, n, MaxResponseHeaders)
+	case size > MaxResponseHeaderBytes:
+		return fmt.Errorf("%w: %d header bytes, more than %d", ErrInvalidResponse, size, MaxResponseHeaderBytes)
+	}
+	return nil
 }
 
 // Record is one stored idempotency record. Records a store returns are

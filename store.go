@@ -66,8 +66,9 @@ type Lease interface {
 	Record() Record
 	// Complete durably stores resp as the operation's outcome; every
 	// later claim with the same fingerprint replays it. A body beyond
-	// the store's cap is not kept (Record.BodyOmitted). A status outside
-	// 100-999 fails with ErrInvalidResponse.
+	// the store's cap is not kept (Record.BodyOmitted). A response that
+	// Response.Check refuses fails with ErrInvalidResponse and changes
+	// nothing.
 	Complete(ctx context.Context, resp Response) error
 	// Release deletes the claim: the operation provably did not commit,
 	// so the key is free and a retry runs the operation again.

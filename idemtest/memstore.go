@@ -571,8 +571,8 @@ func (l *memLease) Record() idem.Record {
 // Complete keeps bodies up to MemOptions.MaxBodyBytes and omits larger
 // ones.
 func (l *memLease) Complete(ctx context.Context, resp idem.Response) error {
-	if resp.Status < 100 || resp.Status > 999 {
-		return fmt.Errorf("%w: status %d is outside 100-999", idem.ErrInvalidResponse, resp.Status)
+	if err := resp.Check(); err != nil {
+		return err
 	}
 	return l.update(ctx, func(rec *idem.Record, now time.Time) {
 		rec.State = idem.StateCompleted

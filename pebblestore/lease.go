@@ -2,7 +2,6 @@ package pebblestore
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -37,8 +36,8 @@ func (l *lease) Scope() idem.Scope { return l.scope }
 // larger ones up to Options.MaxBodyBytes in chunks beside it, and omits
 // larger ones.
 func (l *lease) Complete(ctx context.Context, resp idem.Response) error {
-	if resp.Status < 100 || resp.Status > 999 {
-		return fmt.Errorf("%w: status %d is outside 100-999", idem.ErrInvalidResponse, resp.Status)
+	if err := resp.Check(); err != nil {
+		return err
 	}
 	return l.update(ctx, func(next *record.Stored, now time.Time) []byte {
 		body := resp.Body

@@ -69,8 +69,8 @@ RETURNING ` + columns
 // Complete stores resp, keeping a body up to Options.MaxBodyBytes and
 // only its length and digest beyond that.
 func (l *lease) Complete(ctx context.Context, resp idem.Response) error {
-	if resp.Status < 100 || resp.Status > 999 {
-		return fmt.Errorf("%w: status %d is outside 100-999", idem.ErrInvalidResponse, resp.Status)
+	if err := resp.Check(); err != nil {
+		return err
 	}
 	hdr, err := encodeHeader(resp.Header)
 	if err != nil {

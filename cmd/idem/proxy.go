@@ -379,11 +379,13 @@ const upstreamIdleConns = 256
 // answer, whose length is then unknown, so ReverseProxy flushes every
 // write and the recorder streams an answer it could have held whole,
 // after spending a processor inflating it; a lookup's answer is stored
-// as it came too.
+// as it came too. An answer whose header is larger than a store keeps is
+// cut off at the transport, before the proxy buffers megabytes of it.
 func upstreamTransport() *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil
 	tr.DisableCompression = true
+	tr.MaxResponseHeaderBytes = idem.MaxResponseHeaderBytes
 	return tr
 }
 
