@@ -53,6 +53,11 @@ const (
 	// idem cannot decode (only gzip is decoded): 406, with
 	// original_status. Retry with the same key, accepting that coding.
 	CodeEncodingNotAcceptable = "encoding_not_acceptable"
+	// CodeDecodedTooLarge answers a replay whose stored gzip body would
+	// inflate beyond the bound a server decodes for a retry that refuses
+	// gzip: 406, with original_status. Retry with the same key, accepting
+	// gzip.
+	CodeDecodedTooLarge = "decoded_body_too_large"
 )
 
 // ClockBehindRetry is the delay a clock_behind answer asks for. A clock

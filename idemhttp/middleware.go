@@ -99,6 +99,12 @@ type Options struct {
 	// Default: 1 MiB.
 	MaxRequestBytes int64
 
+	// MaxDecodedBytes bounds the body a replay inflates for a retry that
+	// refuses the stored gzip coding: a few kilobytes of gzip can inflate
+	// to gigabytes. A larger one gets 406 decoded_body_too_large, asking
+	// the client to accept gzip. Default: idem.DefaultMaxBodyBytes.
+	MaxDecodedBytes int64
+
 	// Wait is how long a retry that finds its key in progress waits for
 	// the first request to finish before it gets 409. The first request's
 	// end wakes it, and the retry then gets the replay. Default: 0, answer
@@ -197,6 +203,9 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.MaxRequestBytes == 0 {
 		o.MaxRequestBytes = 1 << 20
 	}
+	if o.MaxDecodedBytes == 0 {
+		o.MaxDecodedBytes = idem.DefaultMaxBodyBytes
+	}
 	if o.MismatchStatus == 0 {
 		o.MismatchStatus = http.StatusUnprocessableEntity
 	}
@@ -229,6 +238,9 @@ func newMiddleware(o Options) (*middleware, error) {
 	m.keys = keys
 	if o.MaxRequestBytes < 0 {
 		bad("Options.MaxRequestBytes %d must not be negative", o.MaxRequestBytes)
+	}
+	if o.MaxDecodedBytes < 0 {
+		bad("Options.MaxDecodedBytes %d must not be negative", o.MaxDecodedBytes)
 	}
 	// Two limits on one body would leave the user to guess which one a
 	// 413 came from, and a lower canonicalizer limit would answer 400
@@ -484,7 +496,14 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *idem.Re
 	body, decoded := rec.Response.Body, false
 	if c := contentCoding(rec.Response.Header); c != "" && !acceptsCoding(r.Header, c) {
 		var err error
-		if body, err = decode(c, body); err != nil {
+		body, err = decode(c, body, m.opts.MaxDecodedBytes)
+		if errors.Is(err, errDecodedTooLarge) {
+			h.Set(idem.HeaderReplayed, "true")
+			return m.problem(w, Problem{Status: http.StatusNotAcceptable, Code: idem.CodeDecodedTooLarge, OriginalStatus: rec.Response.Status,
+				Detail: fmt.Sprintf("the request ran and answered %d with a %s body larger than %d bytes once decoded, too large to decode "+
+					"for a request whose Accept-Encoding refuses %s; retry with the same key and accept %s", rec.Response.Status, c, m.opts.MaxDecodedBytes, c, c)}, 0)
+		}
+		if err != nil {
 			h.Set(idem.HeaderReplayed, "true")
 			return m.problem(w, Problem{Status: http.StatusNotAcceptable, Code: idem.CodeEncodingNotAcceptable, OriginalStatus: rec.Response.Status,
 				Detail: fmt.Sprintf("the request ran and answered %d with a body coded %s, which this request's Accept-Encoding refuses; "+
@@ -566,9 +585,14 @@ func weight(params string) float64 {
 	return 1
 }
 
+// errDecodedTooLarge is decode's refusal of a body that inflates beyond
+// its limit.
+var errDecodedTooLarge = errors.New("idemhttp: the decoded body is too large")
+
 // decode undoes content coding c, which must be gzip alone: the coding
-// that servers use most and the only one the standard library reads.
-func decode(c string, body []byte) ([]byte, error) {
+// that servers use most and the only one the standard library reads. It
+// stops reading past limit bytes of output.
+func decode(c string, body []byte, limit int64) ([]byte, error) {
 	if c != "gzip" && c != "x-gzip" {
 		return nil, fmt.Errorf("idemhttp: cannot decode %s", c)
 	}
@@ -576,7 +600,11 @@ func decode(c string, body []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return io.ReadAll(zr)
+	out, err := io.ReadAll(io.LimitReader(zr, limit+1))
+	if err == nil && int64(len(out)) > limit {
+		err = errDecodedTooLarge
+	}
+	return out, err
 }
 
 // The operation's errors that tell idem.Do to record the outcome as

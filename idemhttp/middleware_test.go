@@ -753,7 +753,7 @@ func TestOptionsValidation(t *testing.T) {
 	assert.Contains(t, err.Error(), "Tenant is required")
 	_, err = idemhttp.New(idemhttp.Options{
 		Store: db, Tenant: bearer, Methods: []string{"post"}, KeyAlphabet: "ab c", MaxKeyLength: 300,
-		Wait: -1, MismatchStatus: 500,
+		Wait: -1, MismatchStatus: 500, MaxRequestBytes: -1, MaxDecodedBytes: -1,
 		Canonical: idem.CanonicalOptions{Volatile: []string{"no-slash"}},
 		Aliases:   []string{"X-Idempotency-Key", "idempotency-key"},
 		Outcomes:  idemhttp.OutcomePolicy{Release: []int{429, 503}, Unknown: []int{503, 42}},
@@ -764,7 +764,7 @@ func TestOptionsValidation(t *testing.T) {
 	assert.NotContains(t, err.Error(), "X-Idempotency-Key")
 	assert.Contains(t, err.Error(), "status 503 is in both Release and Unknown")
 	assert.Contains(t, err.Error(), "status 42 is not a final status")
-	for _, want := range []string{"Methods", "KeyAlphabet", "MaxKeyLength", "Wait", "MismatchStatus", "Canonical"} {
+	for _, want := range []string{"Methods", "KeyAlphabet", "MaxKeyLength", "Wait", "MismatchStatus", "Canonical", "MaxRequestBytes -1", "MaxDecodedBytes -1"} {
 		assert.Contains(t, err.Error(), want)
 	}
 }

@@ -414,3 +414,48 @@ func TestReplayHonoursAcceptEncoding(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, again.StatusCode)
 	assert.Equal(t, int64(2), e.app.runs.Load())
 }
+
+// TestReplayBoundsDecoding: a small stored gzip body that inflates beyond
+// MaxDecodedBytes is not inflated for a retry that refuses gzip, which
+// gets 406 decoded_body_too_large instead; a body at the bound still is.
+func TestReplayBoundsDecoding(t *testing.T) {
+	const limit = 64 << 10
+	e := setup(t, idemhttp.Options{MaxDecodedBytes: limit})
+	bomb := func(n int) []byte {
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		zw.Write(make([]byte, n))
+		require.NoError(t, zw.Close())
+		return gz.Bytes()
+	}
+	e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(bomb(n))
+	}
+	call := func(n int, key, accept string) (*http.Response, string) {
+		t.Helper()
+		return e.callWith(http.Header{"Accept-Encoding": {accept}}, "POST", "/v1/payments?n="+strconv.Itoa(n), "acme", pay, key)
+	}
+	big := 64 * limit
+	first, body := call(big, "bomb", "gzip")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	require.Less(t, len(body), limit/8, "the stored body is small")
+
+	again, body := call(big, "bomb", "identity")
+	assert.Equal(t, http.StatusNotAcceptable, again.StatusCode)
+	p := problem(t, again, body)
+	assert.Equal(t, idem.CodeDecodedTooLarge, p.Code)
+	assert.Equal(t, http.StatusCreated, p.OriginalStatus)
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	again, body = call(big, "bomb", "gzip")
+	assert.Equal(t, http.StatusCreated, again.StatusCode)
+	assert.Equal(t, string(bomb(big)), body, "a retry that accepts gzip gets the bytes as stored")
+
+	_, _ = call(limit, "fits", "gzip")
+	again, body = call(limit, "fits", "identity")
+	assert.Equal(t, http.StatusCreated, again.StatusCode)
+	assert.Len(t, body, limit)
+	assert.Equal(t, int64(2), e.app.runs.Load())
+}
