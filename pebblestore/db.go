@@ -118,9 +118,10 @@ func Open(dir string, opts *Options) (*Store, error) {
 			return nil, fmt.Errorf("%w: %s", ErrNoStore, dir)
 		}
 	}
-	if err := o.fs.MkdirAll(dir, 0o755); err != nil {
+	if err := o.fs.MkdirAll(dir, dirMode); err != nil {
 		return nil, fmt.Errorf("idem: create data directory: %w", err)
 	}
+	warnIfShared(o.fs, dir, o.Logger)
 	lock, err := pebble.LockDirectory(dir, o.fs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v (close the other handle or stop the process that holds it, or use another directory)", ErrLocked, dir, err)

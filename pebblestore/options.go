@@ -170,7 +170,7 @@ func (o *Options) withDefaults() (Options, error) {
 		c.Now = time.Now
 	}
 	if c.fs == nil {
-		c.fs = vfs.Default
+		c.fs = privateFS{vfs.Default}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
