@@ -110,7 +110,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	if fs.NArg() > 0 {
 		return usageErr("unexpected argument %q", fs.Arg(0))
 	}
-	tlsConf, err := tlsf.config()
+	tlsConf, err := tlsf.config(stderr)
 	if err != nil {
 		return usageErr("%v", err)
 	}

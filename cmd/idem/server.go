@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -76,19 +78,80 @@ func addTLSFlags(fs *flag.FlagSet) *tlsFlags {
 
 // config returns the listener's TLS configuration, or nil for plain HTTP.
 // It offers HTTP/1.1 alone, as the plain listener serves it: the proxy
-// answers only HTTP/1.x, and one protocol on both keeps them alike.
-func (f *tlsFlags) config() (*tls.Config, error) {
+// answers only HTTP/1.x, and one protocol on both keeps them alike. On
+// TLS 1.2 it offers AEAD suites with forward secrecy alone (TLS 1.3 has
+// no others). The pair is read again when either file changes, so a
+// renewed certificate needs no restart; one that does not load is
+// reported to stderr and the previous pair stays in use.
+func (f *tlsFlags) config(stderr io.Writer) (*tls.Config, error) {
 	switch {
 	case *f.cert == "" && *f.key == "":
 		return nil, nil
 	case *f.cert == "" || *f.key == "":
 		return nil, errors.New("--tls-cert and --tls-key go together")
 	}
-	pair, err := tls.LoadX509KeyPair(*f.cert, *f.key)
-	if err != nil {
+	r := &certReloader{cert: *f.cert, key: *f.key, log: newLogger(stderr)}
+	if err := r.load(); err != nil {
 		return nil, fmt.Errorf("--tls-cert, --tls-key: %v", err)
 	}
-	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}, nil
+	return &tls.Config{
+		GetCertificate: r.get,
+		MinVersion:     tls.VersionTLS12,
+		CipherSuites: []uint16{
+			tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+			tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+			tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+		},
+		NextProtos: []string{"http/1.1"},
+	}, nil
+}
+
+// certReloader serves the pair in its two files, loading it again at a
+// handshake that finds either file changed since the last load.
+type certReloader struct {
+	cert, key string
+	log       *slog.Logger
+
+	mu    sync.Mutex
+	pair  *tls.Certificate // guarded by mu
+	stamp string           // guarded by mu: the files' sizes and times at the last attempt
+}
+
+// stampNow identifies the current contents of the two files cheaply.
+func (r *certReloader) stampNow() string {
+	var b strings.Builder
+	for _, name := range []string{r.cert, r.key} {
+		if st, err := os.Stat(name); err == nil {
+			fmt.Fprintf(&b, "%d/%d;", st.Size(), st.ModTime().UnixNano())
+		}
+	}
+	return b.String()
+}
+
+func (r *certReloader) load() error {
+	stamp := r.stampNow()
+	pair, err := tls.LoadX509KeyPair(r.cert, r.key)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stamp = stamp
+	if err == nil {
+		r.pair = &pair
+	}
+	return err
+}
+
+func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	r.mu.Lock()
+	changed := r.stampNow() != r.stamp
+	r.mu.Unlock()
+	if changed {
+		if err := r.load(); err != nil {
+			r.log.Error("idem: --tls-cert, --tls-key changed but do not load; serving the previous pair", "err", err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pair, nil
 }
 
 // newLogger is where the middleware and the store report what they could

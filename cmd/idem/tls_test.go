@@ -111,3 +111,68 @@ func TestTLSFlagsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSConfig: TLS 1.2 clients get AEAD suites alone, and a renewed
+// certificate is served at the next handshake without a restart, while a
+// broken renewal leaves the previous one in use.
+func TestTLSConfig(t *testing.T) {
+	certFile, keyFile, _ := selfSigned(t)
+	var logs strings.Builder
+	cert, key := certFile, keyFile
+	conf, err := (&tlsFlags{cert: &cert, key: &key}).config(&logs)
+	require.NoError(t, err)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", conf)
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { c.(*tls.Conn).Handshake(); c.Close() }()
+		}
+	}()
+	// served returns the certificate a handshake with client gets, or the
+	// handshake's error.
+	served := func(client *tls.Config) ([]byte, error) {
+		client.InsecureSkipVerify = true // which certificate is served is the question here
+		c, err := tls.Dial("tcp", ln.Addr().String(), client)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].Raw, nil
+	}
+	der := func(file string) []byte {
+		b, err := os.ReadFile(file)
+		require.NoError(t, err)
+		p, _ := pem.Decode(b)
+		require.NotNil(t, p)
+		return p.Bytes
+	}
+
+	first, err := served(&tls.Config{})
+	require.NoError(t, err)
+	assert.Equal(t, der(certFile), first)
+	_, err = served(&tls.Config{MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA}})
+	assert.Error(t, err, "CBC with SHA-1 is not offered")
+	_, err = served(&tls.Config{MaxVersion: tls.VersionTLS12, CipherSuites: []uint16{tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256}})
+	assert.NoError(t, err)
+
+	renewedCert, renewedKey, _ := selfSigned(t)
+	for from, to := range map[string]string{renewedCert: certFile, renewedKey: keyFile} {
+		b, err := os.ReadFile(from)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(to, b, 0o600))
+	}
+	second, err := served(&tls.Config{})
+	require.NoError(t, err)
+	assert.Equal(t, der(renewedCert), second, "the renewed pair is served")
+
+	require.NoError(t, os.WriteFile(certFile, []byte("not a certificate"), 0o600))
+	third, err := served(&tls.Config{})
+	require.NoError(t, err)
+	assert.Equal(t, second, third, "a broken renewal keeps the previous pair")
+	assert.Contains(t, logs.String(), "serving the previous pair")
+}
