@@ -52,9 +52,10 @@ func newAdmin(db idem.Operator, log *slog.Logger) (*admin, error) {
 	return &admin{db: db, log: log, reg: reg, observer: obs}, nil
 }
 
-// register adds GET /metrics and GET /healthz to mux.
-func (a *admin) register(mux *http.ServeMux) {
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{
+// register adds GET /metrics and GET /healthz to mux. /metrics needs a
+// token when g has a metrics token; a health probe never does.
+func (a *admin) register(mux *http.ServeMux, g *adminGuard) {
+	var metrics http.Handler = promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{
 		// When the store cannot be read, the rest still matters most:
 		// the 503 store_unavailable answers counted by the observer.
 		// The failure is logged, counted in
@@ -62,7 +63,11 @@ func (a *admin) register(mux *http.ServeMux) {
 		ErrorHandling: promhttp.ContinueOnError,
 		ErrorLog:      slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
 		Registry:      a.reg,
-	}))
+	})
+	if g.metrics != nil {
+		metrics = behind(metrics, "/metrics", g.metrics, g.read, g.write)
+	}
+	mux.Handle("GET /metrics", metrics)
 	mux.HandleFunc("GET /healthz", a.healthz)
 }
 

@@ -21,7 +21,7 @@ func TestAdminStoreDown(t *testing.T) {
 	adm, err := newAdmin(db, slog.New(slog.NewTextHandler(&logged, nil)))
 	require.NoError(t, err)
 	mux := http.NewServeMux()
-	adm.register(mux)
+	adm.register(mux, &adminGuard{})
 	get := func(path string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
 		mux.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))

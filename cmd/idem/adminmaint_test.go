@@ -142,7 +142,7 @@ func adminServer(t *testing.T, db idem.Operator) *adminClient {
 	adm, err := newAdmin(db, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	mux := http.NewServeMux()
-	adm.registerOps(mux, adminToken)
+	adm.registerOps(mux, &adminGuard{write: hashToken(adminToken)})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	c := newAdminClient(srv.URL, adminToken)

@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -37,91 +40,224 @@ import (
 //
 // Keys travel in request bodies, never in URLs, which access logs keep.
 
-// adminTokenEnv names the environment variable that holds the admin token
-// when no --admin-token-file is given. A token on the command line would
-// be in the process list for every user of the machine to read.
-const adminTokenEnv = "IDEM_ADMIN_TOKEN"
+// The environment variables that hold the admin listener's tokens when
+// no file is given. A token on the command line would be in the process
+// list for every user of the machine to read.
+const (
+	adminTokenEnv     = "IDEM_ADMIN_TOKEN"
+	adminReadTokenEnv = "IDEM_ADMIN_READ_TOKEN"
+	metricsTokenEnv   = "IDEM_METRICS_TOKEN"
+)
 
 // minAdminToken is the shortest admin token accepted: idem keygen --format
 // token prints longer ones.
 const minAdminToken = 16
 
 // adminTokenHelp is --admin-token-file's help.
-const adminTokenHelp = "file holding the admin token, which the operator routes on the admin listener require as a bearer token (default: the " + adminTokenEnv + " environment variable)"
+const adminTokenHelp = "file holding the admin token, which every operator route on the admin listener accepts as a bearer token (default: the " + adminTokenEnv + " environment variable)"
 
-// adminTokenFlag registers --admin-token-file on fs and returns the
-// function that reads the token after parsing: from the file, else from
-// the environment. An empty token and no error means none is configured.
-func adminTokenFlag(fs *flag.FlagSet) func() (string, error) {
-	file := fs.String("admin-token-file", "", adminTokenHelp)
-	return func() (string, error) {
-		tok := os.Getenv(adminTokenEnv)
-		if *file != "" {
-			b, err := os.ReadFile(*file)
-			if err != nil {
-				return "", fmt.Errorf("--admin-token-file: %w", err)
-			}
-			tok = string(b)
+// tokenSource is a token flag: a file, or else an environment variable.
+type tokenSource struct {
+	flag, env string
+	file      *string
+}
+
+func tokenFlag(fs *flag.FlagSet, name, env, help string) *tokenSource {
+	return &tokenSource{flag: name, env: env, file: fs.String(name, "", help)}
+}
+
+func adminTokenFlag(fs *flag.FlagSet) *tokenSource {
+	return tokenFlag(fs, "admin-token-file", adminTokenEnv, adminTokenHelp)
+}
+
+// read returns the token, "" when none is configured. A file that other
+// users may read is reported on stderr: whoever reads it holds the token.
+func (t *tokenSource) read(stderr io.Writer) (string, error) {
+	tok := os.Getenv(t.env)
+	if *t.file != "" {
+		b, err := os.ReadFile(*t.file)
+		if err != nil {
+			return "", fmt.Errorf("--%s: %w", t.flag, err)
 		}
-		tok = strings.TrimSpace(tok)
-		if tok != "" && len(tok) < minAdminToken {
-			return "", fmt.Errorf("the admin token is %d characters; it needs at least %d (idem keygen --format token makes one)", len(tok), minAdminToken)
+		if st, err := os.Stat(*t.file); err == nil && st.Mode().Perm()&0o077 != 0 {
+			fmt.Fprintf(stderr, "idem: warning: the file of --%s can be read by other users (mode %s); chmod 600 it\n", t.flag, st.Mode().Perm())
 		}
-		return tok, nil
+		tok = string(b)
+	}
+	tok = strings.TrimSpace(tok)
+	if tok != "" && len(tok) < minAdminToken {
+		return "", fmt.Errorf("the token of --%s is %d characters; it needs at least %d (idem keygen --format token makes one)", t.flag, len(tok), minAdminToken)
+	}
+	return tok, nil
+}
+
+// adminFlags configure the proxy's admin listener: its tokens, the Host
+// names it answers besides addresses and localhost, and its TLS.
+type adminFlags struct {
+	write, read, metrics *tokenSource
+	hosts                *string
+	tls                  *tlsFlags
+	clientCA             *string
+}
+
+func addAdminFlags(fs *flag.FlagSet) *adminFlags {
+	return &adminFlags{
+		write: adminTokenFlag(fs),
+		read: tokenFlag(fs, "admin-read-token-file", adminReadTokenEnv,
+			"file holding a token that the operator routes which only read (inspect, get, stats, check) accept, and resolve and compact do not (default: the "+adminReadTokenEnv+" environment variable)"),
+		metrics: tokenFlag(fs, "metrics-token-file", metricsTokenEnv,
+			"file holding a token that GET /metrics then requires as a bearer token, as the read and admin tokens do (default: the "+metricsTokenEnv+" environment variable; none: /metrics is open to whoever reaches the listener)"),
+		hosts:    fs.String("admin-hosts", "", "comma-separated host names the admin listener answers for besides IP addresses and localhost; a request for another Host gets 421, which stops a web page whose name was pointed at the listener (DNS rebinding)"),
+		tls:      addTLSFlags(fs, "admin-", "admin listener"),
+		clientCA: fs.String("admin-client-ca", "", "PEM `FILE` of the certificate authorities whose client certificates the admin listener requires; needs --admin-tls-cert"),
 	}
 }
 
-// loadAdminToken reads the admin token for the proxy; ok is false
-// when it cannot be read, which is a usage mistake, said on stderr.
-func loadAdminToken(name string, read func() (string, error), stderr io.Writer) (token string, ok bool) {
-	token, err := read()
+// load reads the tokens and the TLS files: the guard the admin routes go
+// behind, and the listener's TLS configuration (nil for plain HTTP).
+func (f *adminFlags) load(stderr io.Writer) (*adminGuard, *tls.Config, error) {
+	g := &adminGuard{hosts: map[string]bool{}}
+	for _, t := range []struct {
+		src *tokenSource
+		dst **[sha256.Size]byte
+	}{{f.write, &g.write}, {f.read, &g.read}, {f.metrics, &g.metrics}} {
+		tok, err := t.src.read(stderr)
+		if err != nil {
+			return nil, nil, err
+		}
+		*t.dst = hashToken(tok)
+	}
+	for h := range strings.SplitSeq(*f.hosts, ",") {
+		if h = strings.ToLower(strings.TrimSpace(h)); h != "" {
+			g.hosts[h] = true
+		}
+	}
+	conf, err := f.tls.config(stderr)
+	if err != nil || *f.clientCA == "" {
+		return g, conf, err
+	}
+	if conf == nil {
+		return nil, nil, errors.New("--admin-client-ca needs --admin-tls-cert and --admin-tls-key")
+	}
+	pem, err := os.ReadFile(*f.clientCA)
 	if err != nil {
-		fmt.Fprintf(stderr, "idem %s: %v\n", name, err)
-		return "", false
+		return nil, nil, fmt.Errorf("--admin-client-ca: %w", err)
 	}
-	return token, true
+	conf.ClientCAs = x509.NewCertPool()
+	if !conf.ClientCAs.AppendCertsFromPEM(pem) {
+		return nil, nil, errors.New("--admin-client-ca: no PEM certificate in the file")
+	}
+	conf.ClientAuth = tls.RequireAndVerifyClientCert
+	return g, conf, nil
 }
 
-// registerOps adds the operator routes to mux, each behind token; with
-// no token it adds none, so they answer 404 like any unknown path. It
-// logs which, so that an operator who expects them learns why they 404.
-func (a *admin) registerOps(mux *http.ServeMux, token string) {
-	if token == "" {
+// adminGuard is who the admin listener answers: the Host names it serves
+// and the tokens of each kind of route. A token's hash is kept, so that
+// ConstantTimeCompare gets inputs of one length and says nothing about
+// the token's length either.
+type adminGuard struct {
+	write, read, metrics *[sha256.Size]byte // nil: not configured
+	hosts                map[string]bool
+}
+
+func hashToken(tok string) *[sha256.Size]byte {
+	if tok == "" {
+		return nil
+	}
+	sum := sha256.Sum256([]byte(tok))
+	return &sum
+}
+
+// hostAllowed reports whether a request for host may be answered: an IP
+// address, localhost, or a name --admin-hosts lists. A page that an
+// attacker's name points at this listener (DNS rebinding) arrives with
+// that name, which is none of these.
+func (g *adminGuard) hostAllowed(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
+	return net.ParseIP(host) != nil || host == "localhost" || g.hosts[host]
+}
+
+// guard answers 421 for a Host the listener does not serve, and passes
+// the rest to h.
+func (g *adminGuard) guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !g.hostAllowed(r.Host) {
+			adminProblem(w, http.StatusMisdirectedRequest, codeHostNotAllowed,
+				"the admin listener does not answer for this Host; use its address, or list the name in --admin-hosts", 0)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// authorized reports whether r carries one of tokens as a bearer token.
+// The scheme's name is matched without regard to case (RFC 9110).
+func authorized(r *http.Request, tokens ...*[sha256.Size]byte) bool {
+	scheme, got, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
+	ok := 0
+	for _, want := range tokens {
+		if want != nil {
+			ok |= subtle.ConstantTimeCompare(sum[:], want[:])
+		}
+	}
+	return ok == 1
+}
+
+// behind wraps h so that it answers only requests with one of tokens.
+func behind(h http.Handler, what string, tokens ...*[sha256.Size]byte) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !authorized(r, tokens...) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="idem admin"`)
+			adminProblem(w, http.StatusUnauthorized, codeUnauthorized, what+" need a token: Authorization: Bearer <token>", 0)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// registerOps adds the operator routes to mux: those that only read take
+// the read or the admin token, those that change records (resolve,
+// compact) the admin token alone. With neither token it adds none, so
+// they answer 404 like any unknown path. It logs which, so that an
+// operator who expects them learns why they 404.
+func (a *admin) registerOps(mux *http.ServeMux, g *adminGuard) {
+	if g.write == nil && g.read == nil {
 		a.log.Info("idem: operator routes off: no admin token (--admin-token-file or " + adminTokenEnv + ")")
 		return
 	}
-	a.log.Info("idem: operator routes on under /v1/admin/, with the admin token as bearer token")
-	// Hashing both sides gives ConstantTimeCompare inputs of one length,
-	// so the comparison says nothing about the token's length either.
-	want := sha256.Sum256([]byte(token))
-	auth := func(h http.HandlerFunc) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			sum := sha256.Sum256([]byte(got))
-			if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="idem admin"`)
-				adminProblem(w, http.StatusUnauthorized, codeUnauthorized, "the operator routes need the admin token: Authorization: Bearer <token>", 0)
-				return
-			}
-			h(w, r)
-		})
+	read := func(h http.HandlerFunc) http.Handler { return behind(h, "the operator routes", g.write, g.read) }
+	mux.Handle("GET /v1/admin/records", read(a.records))
+	mux.Handle("POST /v1/admin/record", read(a.record))
+	mux.Handle("GET /v1/admin/overdue", read(a.overdue))
+	mux.Handle("GET /v1/admin/metrics", read(a.metrics))
+	mux.Handle("GET /v1/admin/check", read(a.check))
+	if g.write == nil {
+		a.log.Info("idem: operator routes on under /v1/admin/ for reading only: a read token and no admin token")
+		return
 	}
-	mux.Handle("GET /v1/admin/records", auth(a.records))
-	mux.Handle("POST /v1/admin/record", auth(a.record))
-	mux.Handle("GET /v1/admin/overdue", auth(a.overdue))
-	mux.Handle("GET /v1/admin/metrics", auth(a.metrics))
-	mux.Handle("POST /v1/admin/resolve", auth(a.resolve))
-	mux.Handle("POST /v1/admin/compact", auth(a.compact))
-	mux.Handle("GET /v1/admin/check", auth(a.check))
+	a.log.Info("idem: operator routes on under /v1/admin/, with the admin token as bearer token")
+	write := func(h http.HandlerFunc) http.Handler {
+		return behind(h, "the operator routes that change records", g.write)
+	}
+	mux.Handle("POST /v1/admin/resolve", write(a.resolve))
+	mux.Handle("POST /v1/admin/compact", write(a.compact))
 }
 
 // Codes of the operator routes' problem documents, beside the contract's
 // request_in_progress and store_unavailable.
 const (
-	codeUnauthorized = "unauthorized"     // 401: no admin token, or another one
-	codeBadRequest   = "bad_request"      // 400: the request is malformed; nothing changed
-	codeNotFound     = "record_not_found" // 404: no live record for the scope
-	codeCompleted    = "record_completed" // 409: a completed record is never overwritten
+	codeUnauthorized   = "unauthorized"     // 401: no token, or not one the route takes
+	codeHostNotAllowed = "host_not_allowed" // 421: a Host the admin listener does not serve
+	codeBadRequest     = "bad_request"      // 400: the request is malformed; nothing changed
+	codeNotFound       = "record_not_found" // 404: no live record for the scope
+	codeCompleted      = "record_completed" // 409: a completed record is never overwritten
 )
 
 func adminProblem(w http.ResponseWriter, status int, code, detail string, retry time.Duration) {

@@ -40,7 +40,7 @@ func (d *daemon) waitStderr(s string) {
 	}
 }
 
-var adminLine = regexp.MustCompile(`admin on (http://\S+) \(/metrics, /healthz\)$`)
+var adminLine = regexp.MustCompile(`admin on (https?://\S+) \(/metrics, /healthz\)$`)
 
 // adminURL is where the proxy serves /metrics and /healthz.
 func (d *daemon) adminURL() string {

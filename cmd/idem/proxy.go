@@ -29,7 +29,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	store := addStoreFlags(fs, "directory of the idempotency store (one process at a time)")
 	listen := fs.String("listen", "127.0.0.1:8081", "address to accept clients on; port 0 picks a free one")
-	tlsf := addTLSFlags(fs)
+	tlsf := addTLSFlags(fs, "", "listener")
 	upstream := fs.String("upstream", "", "base URL of the service to protect, e.g. http://127.0.0.1:3000 (required)")
 	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none (every caller shares one key space and so each other's stored answers; warned about at start)")
 	ttl := fs.Duration("ttl", 0, "how long a key is remembered, at least ten leases (default 24h)")
@@ -48,7 +48,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status and strict_canonical; a request no route matches gets the flags' settings")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz, and with an admin token the operator routes under /v1/admin/; port 0 picks a free one, empty turns it off")
-	adminToken := adminTokenFlag(fs)
+	adminf := addAdminFlags(fs)
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
 	reconcile := addReconcileFlags(fs)
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
@@ -60,6 +60,9 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--release-status LIST] [--unknown-status LIST]
                   [--routes FILE] [--strict-canonical] [--drain D]
                   [--admin ADDR] [--admin-token-file FILE]
+                  [--admin-read-token-file FILE] [--metrics-token-file FILE]
+                  [--admin-hosts LIST] [--admin-tls-cert FILE --admin-tls-key FILE
+                  [--admin-client-ca FILE]]
                   [--reconcile-url URL] [--reconcile-attempts N]
                   [--problem-base URI] [--events=false]
 
@@ -91,7 +94,9 @@ unanswered lookups the outcome is recorded unknown:
 Records live in --data (one process at a time) or, with --store DSN, in
 PostgreSQL shared by any number of proxies. --admin serves /metrics,
 /healthz and, with an admin token, the operator routes that idem
-inspect, get, resolve, check and compact use with --admin URL:
+inspect, get, resolve, check and compact use with --admin URL; a read
+token opens the ones that only read. It answers only for IP addresses,
+localhost and the names --admin-hosts lists:
 `+docsURL("docs/operating.md#stuck-keys-while-the-service-runs")+`
 
 Full reference: `+docsURL("docs/proxy.md")+`
@@ -186,9 +191,9 @@ Full reference: `+docsURL("docs/proxy.md")+`
 		endpointTTL = routes.ttls()
 	}
 
-	token, ok := loadAdminToken("proxy", adminToken, stderr)
-	if !ok {
-		return 2
+	guard, adminTLS, err := adminf.load(stderr)
+	if err != nil {
+		return usageErr("%v", err)
 	}
 	db, code := store.openServer("proxy", serverOptions{ttl: *ttl, endpointTTL: endpointTTL, lease: *lease, maxBodyBytes: int64(maxStored), logger: log, events: *events,
 		reconcile: rc.reconcileFunc()}, stderr)
@@ -235,11 +240,11 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	var adminH http.Handler
 	if *adminAddr != "" {
 		mux := http.NewServeMux()
-		adm.register(mux)
-		adm.registerOps(mux, token)
-		adminH = mux
+		adm.register(mux, guard)
+		adm.registerOps(mux, guard)
+		adminH = guard.guard(mux)
 	}
-	return serveUntilSignal("proxy", *listen, tlsConf, store.where(), *drain, h, *adminAddr, adminH, db, stdout, stderr)
+	return serveUntilSignal("proxy", *listen, tlsConf, store.where(), *drain, h, *adminAddr, adminTLS, adminH, db, stdout, stderr)
 }
 
 func parseUpstream(s string) (*url.URL, error) {

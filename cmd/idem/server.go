@@ -65,14 +65,18 @@ func openStore(name, dir string, opts *pebblestore.Options, stderr io.Writer) (i
 	}
 }
 
-// tlsFlags are --tls-cert and --tls-key, which the proxy takes for
-// their client listener.
-type tlsFlags struct{ cert, key *string }
+// tlsFlags are --tls-cert and --tls-key, which the proxy takes for its
+// client listener, and with a prefix for its admin listener.
+type tlsFlags struct {
+	prefix    string
+	cert, key *string
+}
 
-func addTLSFlags(fs *flag.FlagSet) *tlsFlags {
+func addTLSFlags(fs *flag.FlagSet, prefix, listener string) *tlsFlags {
 	return &tlsFlags{
-		cert: fs.String("tls-cert", "", "PEM certificate `FILE`, its chain after it, to serve HTTPS with instead of HTTP; needs --tls-key"),
-		key:  fs.String("tls-key", "", "PEM private key `FILE` of --tls-cert"),
+		prefix: prefix,
+		cert:   fs.String(prefix+"tls-cert", "", "PEM certificate `FILE`, its chain after it, for the "+listener+" to serve HTTPS with instead of HTTP; needs --"+prefix+"tls-key"),
+		key:    fs.String(prefix+"tls-key", "", "PEM private key `FILE` of --"+prefix+"tls-cert"),
 	}
 }
 
@@ -88,11 +92,11 @@ func (f *tlsFlags) config(stderr io.Writer) (*tls.Config, error) {
 	case *f.cert == "" && *f.key == "":
 		return nil, nil
 	case *f.cert == "" || *f.key == "":
-		return nil, errors.New("--tls-cert and --tls-key go together")
+		return nil, fmt.Errorf("--%stls-cert and --%stls-key go together", f.prefix, f.prefix)
 	}
 	r := &certReloader{cert: *f.cert, key: *f.key, log: newLogger(stderr)}
 	if err := r.load(); err != nil {
-		return nil, fmt.Errorf("--tls-cert, --tls-key: %v", err)
+		return nil, fmt.Errorf("--%stls-cert, --%stls-key: %v", f.prefix, f.prefix, err)
 	}
 	return &tls.Config{
 		GetCertificate: r.get,
@@ -146,7 +150,7 @@ func (r *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	r.mu.Unlock()
 	if changed {
 		if err := r.load(); err != nil {
-			r.log.Error("idem: --tls-cert, --tls-key changed but do not load; serving the previous pair", "err", err)
+			r.log.Error("idem: the TLS certificate or key changed but does not load; serving the previous pair", "cert", r.cert, "err", err)
 		}
 	}
 	r.mu.Lock()
@@ -168,10 +172,10 @@ func newLogger(stderr io.Writer) *slog.Logger {
 // always closes it.
 //
 // With tlsConf the listener on addr speaks HTTPS. When adminH is not nil
-// it is served on adminAddr too, a listener of its own, and stopped after
+// it is served on adminAddr too (HTTPS with adminTLS), a listener of its own, and stopped after
 // the main server has drained: a scrape during the drain still sees the
 // requests finishing.
-func serveUntilSignal(name, addr string, tlsConf *tls.Config, dataDir string, drain time.Duration, h http.Handler, adminAddr string, adminH http.Handler, db idem.Store, stdout, stderr io.Writer) int {
+func serveUntilSignal(name, addr string, tlsConf *tls.Config, dataDir string, drain time.Duration, h http.Handler, adminAddr string, adminTLS *tls.Config, adminH http.Handler, db idem.Store, stdout, stderr io.Writer) int {
 	defer func() {
 		if err := db.Close(); err != nil {
 			fmt.Fprintf(stderr, "idem %s: closing the store: %v\n", name, err)
@@ -187,11 +191,15 @@ func serveUntilSignal(name, addr string, tlsConf *tls.Config, dataDir string, dr
 		ln, scheme = tls.NewListener(ln, tlsConf), "https"
 	}
 	var adminLn net.Listener
+	adminScheme := "http"
 	if adminH != nil {
 		if adminLn, err = net.Listen("tcp", adminAddr); err != nil {
 			ln.Close()
 			fmt.Fprintf(stderr, "idem %s: --admin: %v\n", name, err)
 			return 1
+		}
+		if adminTLS != nil {
+			adminLn, adminScheme = tls.NewListener(adminLn, adminTLS), "https"
 		}
 	}
 	log := newLogger(stderr)
@@ -215,7 +223,7 @@ func serveUntilSignal(name, addr string, tlsConf *tls.Config, dataDir string, dr
 		go func() { served <- adminSrv.Serve(adminLn) }()
 		// Printed before the listening line, so that whoever has read
 		// that line also has this one.
-		fmt.Fprintf(stdout, "idem %s: admin on http://%s (/metrics, /healthz)\n", name, adminLn.Addr())
+		fmt.Fprintf(stdout, "idem %s: admin on %s://%s (/metrics, /healthz)\n", name, adminScheme, adminLn.Addr())
 	}
 	// Tests and scripts read the real address from this line, which
 	// matters with port 0.

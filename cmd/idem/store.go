@@ -70,7 +70,7 @@ type storeFlags struct {
 	// admin is the URL of a running proxy's admin listener, and
 	// token reads the admin token; both are set by addAdmin only.
 	admin string
-	token func() (string, error)
+	token *tokenSource
 	// memory is --memory, the embedded store's budget; set by addMemory
 	// only.
 	memory byteSize
@@ -274,7 +274,7 @@ func (s *storeFlags) openTools(name string, events bool, stderr io.Writer) (tool
 // tool called name, with the admin token. It returns the exit status on
 // failure: 2, since the token is missing or unreadable.
 func (s *storeFlags) openAdmin(name string, stderr io.Writer) (*adminClient, int) {
-	token, err := s.token()
+	token, err := s.token.read(stderr)
 	if err == nil && token == "" {
 		err = fmt.Errorf("--admin needs the admin token: --admin-token-file FILE or %s", adminTokenEnv)
 	}

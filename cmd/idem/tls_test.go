@@ -34,7 +34,7 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 		NotAfter:     time.Now().Add(time.Hour),
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	require.NoError(t, err)
@@ -175,4 +175,29 @@ func TestTLSConfig(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, second, third, "a broken renewal keeps the previous pair")
 	assert.Contains(t, logs.String(), "serving the previous pair")
+}
+
+// TestAdminTLS: the admin listener speaks HTTPS with its own pair, and
+// with --admin-client-ca answers only clients with a certificate that
+// authority signed.
+func TestAdminTLS(t *testing.T) {
+	certFile, keyFile, pool := selfSigned(t)
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u, "--admin-tls-cert", certFile, "--admin-tls-key", keyFile, "--admin-client-ca", certFile)
+	admin := p.adminURL()
+	require.True(t, strings.HasPrefix(admin, "https://"), admin)
+
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	require.NoError(t, err)
+	// The test's certificate is its own authority, and serves as the
+	// client's certificate too.
+	withCert := &http.Client{Timeout: guard, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}}
+	status, _, body, err := idemtest.Send(t.Context(), withCert, "GET", admin+"/healthz", "")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, status, "%s", body)
+
+	without := &http.Client{Timeout: guard, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	_, _, _, err = idemtest.Send(t.Context(), without, "GET", admin+"/healthz", "")
+	assert.Error(t, err, "a client without a certificate is refused at the handshake")
 }
