@@ -10,7 +10,7 @@ import (
 )
 
 func TestMemStore(t *testing.T) {
-	idemtest.TestStore(t, func(t *testing.T, now func() time.Time) idem.Store {
+	idemtest.TestStore(t, idemtest.Limits{}, func(t *testing.T, now func() time.Time) idem.Store {
 		m, err := idemtest.NewMemStore(&idemtest.MemOptions{Now: now})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = m.Close() })

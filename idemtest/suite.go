@@ -31,9 +31,8 @@ import (
 //   - the lease and the TTL are whatever the store grants: the suite reads
 //     them from a claim's record (LeaseUntil-CreatedAt and
 //     ExpiresAt-CreatedAt), and assumes the TTL is at least two leases;
-//   - bodies up to 1 MiB are kept and bodies over 4 MiB are omitted
-//     (BodyOmitted, with BodyLen and BodyDigest), as pebblestore.Open's defaults
-//     do: up to 64 KiB inside the record, up to 4 MiB beside it.
+//   - bodies up to limits.MaxBodyBytes are kept, and larger ones omitted
+//     (BodyOmitted, with BodyLen and BodyDigest).
 //
 // When the store is also a idem.Operator, the suite checks the
 // operator's calls too (take-over, overdue listings, reconciliation,
@@ -43,10 +42,13 @@ import (
 // Wait blocks, it looks for a premature return for a few milliseconds,
 // and bounds every wait for a wake-up by a generous timeout that only a
 // broken store reaches.
-func TestStore(t *testing.T, open func(t *testing.T, now func() time.Time) idem.Store) {
+func TestStore(t *testing.T, limits Limits, open func(t *testing.T, now func() time.Time) idem.Store) {
+	if limits.MaxBodyBytes == 0 {
+		limits.MaxBodyBytes = idem.DefaultMaxBodyBytes
+	}
 	// One store, opened up front, tells whether the backend is an Operator.
 	_, isOp := open(t, NewClock().Now).(idem.Operator)
-	su := &suite{open: open, operator: isOp}
+	su := &suite{open: open, operator: isOp, limits: limits}
 	t.Run("claim", su.testClaim)
 	t.Run("lease", su.testLease)
 	t.Run("concurrent claims", su.testConcurrentClaims)
@@ -70,9 +72,18 @@ const (
 	wakeBound  = 10 * time.Second
 )
 
+// Limits are the bounds of the store under test that the suite checks,
+// as the store's options set them.
+type Limits struct {
+	// MaxBodyBytes is the largest response body the store keeps for
+	// replays. 0 means idem.DefaultMaxBodyBytes, every store's default.
+	MaxBodyBytes int64
+}
+
 type suite struct {
 	open     func(t *testing.T, now func() time.Time) idem.Store
 	operator bool
+	limits   Limits
 }
 
 // env is one subtest's store and clock.
@@ -695,8 +706,8 @@ func (su *suite) testBodies(t *testing.T) {
 	}{
 		{"empty", 0, false},
 		{"small", 100, false},
-		{"1 MiB", 1 << 20, false},
-		{"over 4 MiB", 4<<20 + 1, true},
+		{"at the limit", int(su.limits.MaxBodyBytes), false},
+		{"over the limit", int(su.limits.MaxBodyBytes) + 1, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e := su.env(t)
@@ -865,6 +876,23 @@ func (su *suite) testInvalidInput(t *testing.T) {
 		require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 999}), "the lease survives a refused response, and 999 is in range")
 		assert.Equal(t, 999, e.replay(s, fingerprint("a")).Response.Status)
 		e.complete(scope("k2"), fingerprint("a"), idem.Response{Status: 100})
+	})
+	t.Run("headers over the caps are refused", func(t *testing.T) {
+		e := su.env(t)
+		s := scope("k1")
+		l := e.claim(s, fingerprint("a"))
+		many := http.Header{}
+		for i := range idem.MaxResponseHeaders + 1 {
+			many.Add(fmt.Sprintf("X-H%d", i), "v")
+		}
+		large := http.Header{"X-Large": {strings.Repeat("v", idem.MaxResponseHeaderBytes)}}
+		e.unchanged(s, "a refused header", func() {
+			for name, h := range map[string]http.Header{"too many values": many, "too many bytes": large} {
+				assert.ErrorIs(t, l.Complete(t.Context(), idem.Response{Status: 200, Header: h}), idem.ErrInvalidResponse, name)
+			}
+		})
+		require.NoError(t, l.Complete(t.Context(), idem.Response{Status: 200, Header: http.Header{"X-Ok": {"v"}}}), "the lease survives")
+		assert.Equal(t, "v", e.replay(s, fingerprint("a")).Response.Header.Get("X-Ok"))
 	})
 }
 

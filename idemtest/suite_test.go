@@ -23,8 +23,9 @@ const brokenStoreEnv = "IDEMTEST_BROKEN_STORE"
 // and the subtests of TestStore that must fail on them. "faithful" breaks
 // nothing: it shows that the child process passes when the store does.
 var brokenStores = map[string]struct {
-	wrap  func(m *MemStore) idem.Store
-	fails []string
+	wrap    func(m *MemStore) idem.Store
+	maxBody int64 // the MemStore's body limit, where the suite is told the default
+	fails   []string
 }{
 	"faithful": {
 		wrap: func(m *MemStore) idem.Store { return m },
@@ -49,6 +50,16 @@ var brokenStores = map[string]struct {
 			"lease/lost_after_take-over",
 			"lease/completed_responses_are_never_overwritten",
 		},
+	},
+	"keeps less than its limit": {
+		wrap:    func(m *MemStore) idem.Store { return m },
+		maxBody: 1 << 20,
+		fails:   []string{"bodies/at_the_limit"},
+	},
+	"keeps more than its limit": {
+		wrap:    func(m *MemStore) idem.Store { return m },
+		maxBody: 8 << 20,
+		fails:   []string{"bodies/over_the_limit"},
 	},
 	"lost release succeeds": {
 		wrap: func(m *MemStore) idem.Store {
@@ -102,8 +113,8 @@ func TestBrokenStoreChild(t *testing.T) {
 	}
 	b, ok := brokenStores[name]
 	require.True(t, ok, "no broken store %q", name)
-	TestStore(t, func(t *testing.T, now func() time.Time) idem.Store {
-		m, err := NewMemStore(&MemOptions{Now: now})
+	TestStore(t, Limits{}, func(t *testing.T, now func() time.Time) idem.Store {
+		m, err := NewMemStore(&MemOptions{Now: now, MaxBodyBytes: b.maxBody})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = m.Close() })
 		return b.wrap(m)

@@ -278,27 +278,6 @@ func TestLeaseTransitions(t *testing.T) {
 	}
 }
 
-func TestLeaseLostAfterReleaseAndReclaim(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	s := scope("k1")
-	old := claim(t, db, s, fp("a"))
-	require.NoError(t, old.Release(ctx))
-	newer := claim(t, db, s, fp("a"))
-	require.ErrorIs(t, old.Complete(ctx, paid), idem.ErrLeaseLost, "a stale holder must not write the new claim's outcome")
-	require.NoError(t, newer.Complete(ctx, paid))
-}
-
-func TestLeaseExtendMovesDeadline(t *testing.T) {
-	db, clock := idemtest.Open(t, &pebblestore.Options{Lease: 10 * time.Second})
-	l := claim(t, db, scope("k1"), fp("a"))
-	clock.Advance(4 * time.Second)
-	require.NoError(t, l.Extend(ctx))
-	assert.WithinDuration(t, clock.Now().Add(10*time.Second), l.Record().LeaseUntil, 0)
-	rec, err := db.Get(ctx, scope("k1"))
-	require.NoError(t, err)
-	assert.Equal(t, l.Record().LeaseUntil, rec.LeaseUntil)
-}
-
 // TestSettledClaimsLeaveNoTombstones checks that a claim's pending-index
 // entry and its retirement at completion cancel out when flushed, rather
 // than leaving a deletion for compactions to carry down the levels.
@@ -370,56 +349,6 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 	// Limits are inclusive.
 	edge := idem.Scope{Tenant: strings.Repeat("t", idem.MaxTenantBytes), Endpoint: strings.Repeat("e", idem.MaxEndpointBytes), Key: strings.Repeat("k", idem.MaxKeyBytes)}
 	claim(t, db, edge, fp("a"))
-}
-
-func TestEmptyTenantAndEndpointAreScopes(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	claim(t, db, idem.Scope{Key: "k"}, fp("a"))
-	claim(t, db, idem.Scope{Tenant: "t", Key: "k"}, fp("a"))
-	claim(t, db, idem.Scope{Endpoint: "e", Key: "k"}, fp("a"))
-}
-
-func TestTenantsAndEndpointsStayApart(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	a := idem.Scope{Tenant: "a", Endpoint: "POST /x", Key: "same"}
-	b := idem.Scope{Tenant: "b", Endpoint: "POST /x", Key: "same"}
-	c := idem.Scope{Tenant: "a", Endpoint: "POST /y", Key: "same"}
-	require.NoError(t, claim(t, db, a, fp("a")).Complete(ctx, paid))
-	lb := claim(t, db, b, fp("other"))
-	lc := claim(t, db, c, fp("other"))
-	require.NoError(t, lb.Complete(ctx, idem.Response{Status: 200, Body: []byte("b")}))
-	require.NoError(t, lc.Complete(ctx, idem.Response{Status: 200, Body: []byte("c")}))
-	for s, body := range map[idem.Scope]string{a: string(paid.Body), b: "b", c: "c"} {
-		rec, err := db.Get(ctx, s)
-		require.NoError(t, err)
-		assert.Equal(t, body, string(rec.Response.Body))
-	}
-}
-
-func TestClosedDB(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	l := claim(t, db, scope("k1"), fp("a"))
-	require.NoError(t, db.Close())
-	require.NoError(t, db.Close(), "Close is idempotent")
-	_, _, err := db.Claim(ctx, scope("k2"), fp("a"))
-	assert.ErrorIs(t, err, idem.ErrClosed)
-	_, err = db.Get(ctx, scope("k1"))
-	assert.ErrorIs(t, err, idem.ErrClosed)
-	assert.ErrorIs(t, l.Complete(ctx, paid), idem.ErrClosed)
-	_, err = db.Sweep(ctx)
-	assert.ErrorIs(t, err, idem.ErrClosed)
-	_, err = db.Metrics(context.Background())
-	assert.ErrorIs(t, err, idem.ErrClosed)
-}
-
-func TestCanceledContextDoesNothing(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	_, _, err := db.Claim(cctx, scope("k1"), fp("a"))
-	require.ErrorIs(t, err, context.Canceled)
-	_, err = db.Get(ctx, scope("k1"))
-	assert.ErrorIs(t, err, idem.ErrNotFound)
 }
 
 func TestSecondOpenOfDirectoryFails(t *testing.T) {
@@ -594,34 +523,6 @@ func TestKeyErrorUnwraps(t *testing.T) {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func TestWaitReturnsAtOnceWhenNothingRuns(t *testing.T) {
-	db, clock := idemtest.Open(t, nil)
-	require.NoError(t, db.Wait(ctx, scope("absent")))
-	require.NoError(t, claim(t, db, scope("done"), fp("a")).Complete(ctx, paid))
-	require.NoError(t, db.Wait(ctx, scope("done")))
-	claim(t, db, scope("stuck"), fp("a"))
-	clock.Advance(time.Minute)
-	require.NoError(t, db.Wait(ctx, scope("stuck")), "an overdue claim is not worth waiting for")
-}
-
-func TestWaitGivesUpWithContext(t *testing.T) {
-	db, _ := idemtest.Open(t, nil)
-	claim(t, db, scope("k"), fp("a"))
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	assert.ErrorIs(t, db.Wait(cctx, scope("k")), context.Canceled)
-	done := make(chan error, 1)
-	go func() { done <- db.Wait(ctx, scope("k")) }()
-	// Close wakes sleepers rather than leaving them to their contexts;
-	// whether the waiter registered before Close or finds the store closed,
-	// it returns.
-	require.NoError(t, db.Close())
-	err := <-done
-	if err != nil {
-		assert.ErrorIs(t, err, idem.ErrClosed)
-	}
-}
 
 // figure returns one of the engine's figures, which must be reported.
 func figure(t *testing.T, m idem.Metrics, name string) float64 {

@@ -50,7 +50,7 @@ func open(t *testing.T, dsn string, opts *pgstore.Options) *pgstore.Store {
 func TestConformance(t *testing.T) {
 	for _, first := range []bool{true, false} {
 		t.Run(claimOrder(first), func(t *testing.T) {
-			idemtest.TestStore(t, func(t *testing.T, now func() time.Time) idem.Store {
+			idemtest.TestStore(t, idemtest.Limits{}, func(t *testing.T, now func() time.Time) idem.Store {
 				s := open(t, pgtest.DSN(t), &pgstore.Options{Now: now})
 				pgstore.SetInsertFirst(s, first)
 				return s

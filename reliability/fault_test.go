@@ -16,7 +16,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
@@ -98,8 +97,8 @@ func (in *injector) MaybeError(op errorfs.Op) error {
 }
 
 func TestFaultCampaign(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	campaign(t)
+	seed := seedFor(t)
 	byKind := map[string]int64{}
 	var failed, unavailable, unstored, acked int
 	for round := range *faultRuns {
@@ -310,8 +309,8 @@ func TestWALFaultCampaign(t *testing.T) {
 		walFaultChild(env)
 		return
 	}
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, 4))
+	campaign(t)
+	rng := rand.New(rand.NewPCG(seedFor(t), 4))
 	rounds := max(4, *faultRuns/10)
 	exits := map[int]int{}
 	byKind := map[string]int{}

@@ -180,13 +180,13 @@ func (c *killCampaign) observeAfterKill(k *keyRun, r reply) {
 // the kills, under the smallest memory budget, whose store flushes and
 // compacts all the time.
 func TestKillCampaign(t *testing.T) {
+	campaign(t)
 	t.Run("default", func(t *testing.T) { killCampaignRun(t, *kills) })
 	t.Run("memory=4MiB", func(t *testing.T) { killCampaignRun(t, max(1, *kills/2), "--memory", "4MiB") })
 }
 
 func killCampaignRun(t *testing.T, kills int, extra ...string) {
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := seedFor(t)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	up := startUpstream(t, 15*time.Millisecond)
 	data := t.TempDir()

@@ -16,6 +16,10 @@
 //	go test ./reliability -run TestSoak -soak 60s -v
 //	go test ./reliability -run 'TestFault|TestWAL' -faults 2000 -timeout 0 -v
 //
+// -short leaves the campaigns out and keeps the hostile-input and tenant
+// tests. -seed N replays a randomized test with the seed its failure
+// printed.
+//
 // Each test logs its figures (kills survived, faults injected, inputs
 // tried, duplicates, results lost, RSS and goroutines) with -v.
 package reliability_test
@@ -38,7 +42,33 @@ var (
 	// about 15 minutes, and the soak is the largest part of the tests.
 	soakFor   = flag.Duration("soak", 30*time.Second, "how long the proxy soak runs; the in-process soak runs half as long")
 	faultRuns = flag.Int("faults", 60, "rounds of the in-process fault campaign; the WAL campaign runs a tenth of them, at least 4")
+	seedFlag  = flag.Uint64("seed", 0, "seed of every randomized test, to replay a failure; 0 takes one from the clock")
 )
+
+// seedFor returns the seed of t's randomness: -seed when it is given,
+// else one from the clock. When t fails it says how to run it again with
+// the same seed.
+func seedFor(t *testing.T) uint64 {
+	seed := *seedFlag
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("to replay: go test ./reliability -run '^%s$' -seed %d", t.Name(), seed)
+		}
+	})
+	return seed
+}
+
+// campaign skips t under -short: the kill, fault and soak campaigns take
+// most of the package's time, and go test -short is the quick run. CI
+// runs them in full.
+func campaign(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a campaign: go test without -short runs it")
+	}
+}
 
 // Binaries built once for the whole package.
 var idemBin, upstreamBin string
@@ -65,4 +95,16 @@ func TestMain(m *testing.M) {
 		return pgtest.Main(m)
 	}()
 	os.Exit(code)
+}
+
+func TestSeedFlag(t *testing.T) {
+	defer func(s uint64) { *seedFlag = s }(*seedFlag)
+	*seedFlag = 42
+	if got := seedFor(t); got != 42 {
+		t.Fatalf("seedFor = %d with -seed 42", got)
+	}
+	*seedFlag = 0
+	if seedFor(t) == 0 {
+		t.Fatal("seedFor = 0 without -seed")
+	}
 }

@@ -155,14 +155,14 @@ func (c *replicaCampaign) checkEverywhere(t *testing.T, client *http.Client, set
 }
 
 func TestReplicaKillCampaign(t *testing.T) {
+	campaign(t)
 	began := time.Now()
 	dsn := pgtest.DSN(t)
 	restartable := pgtest.Restartable()
 	if !restartable {
 		t.Logf("%s names an external server: the campaign kills replicas but does not restart the server", pgtest.EnvDSN)
 	}
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
+	seed := seedFor(t)
 	rng := rand.New(rand.NewPCG(seed, 4))
 	up := startUpstream(t, 15*time.Millisecond)
 	set := &replicaSet{args: pgProxyArgs(dsn, "127.0.0.1:0", up.url, "--lease", replicaLease.String())}

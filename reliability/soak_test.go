@@ -47,6 +47,7 @@ func soakLoad(t *testing.T, client *http.Client, url string, d time.Duration, wa
 			errs = append(errs, fmt.Sprintf(format, args...))
 		}
 	}
+	seed := seedFor(t)
 	stop := time.Now().Add(d)
 	warmAt := time.Now().Add(d / 10)
 	var warmOnce sync.Once
@@ -55,7 +56,7 @@ func soakLoad(t *testing.T, client *http.Client, url string, d time.Duration, wa
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(c), uint64(time.Now().UnixNano())))
+			rng := rand.New(rand.NewPCG(uint64(c), seed))
 			for i := 0; time.Now().Before(stop); i++ {
 				if time.Now().After(warmAt) {
 					warmOnce.Do(warm)
@@ -112,6 +113,7 @@ func settle(count func() int, limit int) int {
 }
 
 func TestSoakProxy(t *testing.T) {
+	campaign(t)
 	up := startUpstream(t, 2*time.Millisecond)
 	data := t.TempDir()
 	// No --wait: an answer reaches the client only once it is stored, so
@@ -173,6 +175,7 @@ func TestSoakProxy(t *testing.T) {
 // clock runs fifty times fast, so that records expire and the
 // background sweep deletes them while the clients run.
 func TestSoakInProcess(t *testing.T) {
+	campaign(t)
 	base := time.Now()
 	const speed = 50
 	db, err := pebblestore.Open(t.TempDir(), &pebblestore.Options{

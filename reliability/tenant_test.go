@@ -83,11 +83,12 @@ func TestTenantIsolationProperty(t *testing.T) {
 			return s, clock
 		}},
 	}
+	base := seedFor(t)
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
 			ops := 0
 			for seq := range st.sequences {
-				seed := uint64(time.Now().UnixNano()) + uint64(seq)
+				seed := base + uint64(seq)
 				ok := t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 					db, clock := st.open(t)
 					ops += runIsolationSequence(t, rand.New(rand.NewPCG(seed, 2)), isoSteps, db, clock, st.sep)
@@ -302,7 +303,7 @@ func TestTenantIsolationHTTP(t *testing.T) {
 	type scopeKey struct{ tenant, key string }
 	first := map[scopeKey]string{} // the first body a tenant sent with a key
 	answers := map[scopeKey][]byte{}
-	seed := uint64(time.Now().UnixNano())
+	seed := seedFor(t)
 	rng := rand.New(rand.NewPCG(seed, 3))
 	const requests = 3000
 	for range requests {
@@ -398,7 +399,7 @@ func tenantIsolationProxy(t *testing.T, up *upstreamProc, urls []string) {
 	type scopeKey struct{ tenant, key string }
 	first := map[scopeKey]string{} // the first body a tenant sent with a key
 	answers := map[scopeKey][]byte{}
-	seed := uint64(time.Now().UnixNano())
+	seed := seedFor(t)
 	rng := rand.New(rand.NewPCG(seed, 5))
 	const requests = 1000
 	for range requests {
