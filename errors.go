@@ -45,6 +45,10 @@ var (
 	// once the clock is right. Nothing was stored. Retry once the clock
 	// is right.
 	ErrClockBehind = errors.New("idem: clock is behind the store's newest time")
+	// ErrNoTenant: the front end's Tenant function refused the request,
+	// which then has nothing to scope its key by. Its own error, which
+	// may tell of the service's internals, is logged and never sent.
+	ErrNoTenant = errors.New("idem: no tenant for the request")
 )
 
 // KeyError is the error a claim gets when the key is already taken. Err is

@@ -44,6 +44,9 @@ func Refuse(err error, noun string) Refusal {
 	case errors.Is(err, ErrClockBehind):
 		return Refusal{Code: CodeClockBehind, RetryAfter: ClockBehindRetry,
 			Detail: "the server's clock is behind the time its idempotency store last recorded, so nothing runs until the clock is right; retry with the same key"}
+	case errors.Is(err, ErrNoTenant):
+		return Refusal{Code: CodeTenantMissing,
+			Detail: "the " + noun + " carries no credential this service accepts, so its idempotency key has no account to belong to; nothing was recorded"}
 	case errors.Is(err, ErrOutcomeNotStored):
 		return Refusal{Code: CodeStoreUnavailable, RetryAfter: time.Second,
 			Detail: "the " + noun + " ran but its outcome could not be stored; retry with the same key, it will not run twice"}

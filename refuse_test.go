@@ -31,6 +31,7 @@ func TestRefuse(t *testing.T) {
 		{"bare pending", idem.ErrOutcomePending, idem.CodeOutcomePending, 0, "Do not send the call under a new key"},
 		{"scope", fmt.Errorf("%w: the key is empty", idem.ErrInvalidScope), idem.CodeKeyInvalid, 0, "the key is empty"},
 		{"clock", idem.ErrClockBehind, idem.CodeClockBehind, idem.ClockBehindRetry, "clock is behind"},
+		{"no tenant", fmt.Errorf("%w", idem.ErrNoTenant), idem.CodeTenantMissing, 0, "carries no credential"},
 		{"not stored", fmt.Errorf("%w: disk full", idem.ErrOutcomeNotStored), idem.CodeStoreUnavailable, time.Second, "the call ran but its outcome could not be stored"},
 		{"store down", fmt.Errorf("connection refused"), idem.CodeStoreUnavailable, time.Second, "store is unavailable"},
 	} {

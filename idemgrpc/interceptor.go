@@ -205,13 +205,15 @@ func (m *interceptor) intercept(ctx context.Context, req any, info *grpc.UnarySe
 		return nil, m.problem(codes.InvalidArgument, idem.CodeKeyInvalid, err.Error(), 0, nil)
 	}
 	tenant, err := m.opts.Tenant(ctx)
-	if err == nil && len(tenant) > idem.MaxTenantBytes {
+	if err != nil {
+		m.opts.Logger.Debug("idemgrpc: Options.Tenant refused the call", "err", err)
+		return nil, m.refuse(idem.ErrNoTenant)
+	}
+	if len(tenant) > idem.MaxTenantBytes {
 		// Checked here, not left to the store, so that the client hears
 		// about its credential rather than about its key.
-		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), idem.MaxTenantBytes)
-	}
-	if err != nil {
-		return nil, m.problem(codes.Unauthenticated, idem.CodeTenantMissing, err.Error(), 0, nil)
+		return nil, m.problem(codes.Unauthenticated, idem.CodeTenantMissing,
+			fmt.Sprintf("the tenant is %d bytes, more than %d", len(tenant), idem.MaxTenantBytes), 0, nil)
 	}
 	msg, ok := req.(proto.Message)
 	if !ok {
@@ -241,6 +243,8 @@ func (m *interceptor) refuse(err error) error {
 		c = codes.FailedPrecondition
 	case idem.CodeKeyInvalid:
 		c = codes.InvalidArgument
+	case idem.CodeTenantMissing:
+		c = codes.Unauthenticated
 	}
 	return m.problem(c, rf.Code, rf.Detail, rf.RetryAfter, nil)
 }

@@ -49,8 +49,10 @@ type Options struct {
 
 	// Tenant returns the authenticated caller a request belongs to: keys
 	// are scoped by it, so one tenant can never see another's responses.
-	// An error answers 401 tenant_missing. Authenticate before this
-	// middleware runs; the key is never a credential. Required.
+	// An error answers 401 tenant_missing, in words of the middleware's:
+	// the error itself is logged at debug level, never sent. Authenticate
+	// before this middleware runs; the key is never a credential.
+	// Required.
 	Tenant func(*http.Request) (string, error)
 
 	// Endpoint names the operation a request performs. Default: the
@@ -391,13 +393,15 @@ func (m *middleware) handle(w http.ResponseWriter, r *http.Request, next http.Ha
 	}
 	w.Header().Set(idem.HeaderKey, key)
 	tenant, err := m.opts.Tenant(r)
-	if err == nil && len(tenant) > idem.MaxTenantBytes {
+	if err != nil {
+		m.opts.Logger.Debug("idemhttp: Options.Tenant refused the request", "err", err)
+		return m.refuse(w, idem.ErrNoTenant)
+	}
+	if len(tenant) > idem.MaxTenantBytes {
 		// Checked here, not left to the store, so that the client hears
 		// about its credential rather than about its key.
-		err = fmt.Errorf("the tenant is %d bytes, more than %d", len(tenant), idem.MaxTenantBytes)
-	}
-	if err != nil {
-		return m.problem(w, Problem{Status: http.StatusUnauthorized, Code: idem.CodeTenantMissing, Detail: err.Error()}, 0)
+		return m.problem(w, Problem{Status: http.StatusUnauthorized, Code: idem.CodeTenantMissing,
+			Detail: fmt.Sprintf("the tenant is %d bytes, more than %d", len(tenant), idem.MaxTenantBytes)}, 0)
 	}
 	if len(endpoint) > idem.MaxEndpointBytes {
 		// By default the endpoint is the method and the path, so this is
@@ -471,6 +475,8 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 		status = http.StatusConflict
 	case idem.CodeKeyInvalid:
 		status = http.StatusBadRequest
+	case idem.CodeTenantMissing:
+		status = http.StatusUnauthorized
 	}
 	return m.problem(w, Problem{Status: status, Code: rf.Code, Detail: rf.Detail}, rf.RetryAfter)
 }

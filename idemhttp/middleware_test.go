@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -107,6 +108,17 @@ func TestOtherRefusals(t *testing.T) {
 	assert.Equal(t, idem.CodeTenantMissing, p.Code, "a tenant too long to store is the credential's fault, not the key's")
 	assert.Contains(t, p.Detail, "more than 255")
 	assert.Zero(t, e.app.runs.Load())
+
+	// What the Tenant function says is the service's business: it may
+	// name a host or a table, so the client gets the middleware's words.
+	leaky := setup(t, idemhttp.Options{Tenant: func(*http.Request) (string, error) {
+		return "", errors.New("accounts db at 10.0.0.5:5432: connection refused")
+	}})
+	resp, body = leaky.call("POST", "/v1/payments", "acme", pay, "k")
+	assert.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	p = problem(t, resp, body)
+	assert.Equal(t, idem.CodeTenantMissing, p.Code)
+	assert.NotContains(t, p.Detail, "10.0.0.5")
 
 	resp, body = e.call("POST", "/v1/payments", "acme", `{"amount":`+strings.Repeat("1", 100)+`}`, "k")
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
