@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,7 +29,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	listen := fs.String("listen", "127.0.0.1:8081", "address to accept clients on; port 0 picks a free one")
 	tlsf := addTLSFlags(fs, "", "listener")
 	upstream := fs.String("upstream", "", "base URL of the service to protect, e.g. http://127.0.0.1:3000 (required)")
-	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (SHA-256 of the Authorization header), header:NAME (that header's value) or none (every caller shares one key space and so each other's stored answers; warned about at start)")
+	tenantFrom := fs.String("tenant-from", "auth", "what scopes keys: auth (a digest of the Authorization header), header:NAME (that header's value, signed by the gateway in NAME-Signature when there is a tenant secret) or none (every caller shares one key space and so each other's stored answers; warned about at start)")
+	tenantSecretFile := fs.String("tenant-secret-file", "", "file holding the deployment's tenant secret (at least 32 characters): with auth the tenant is the HMAC-SHA256 of Authorization under it, with header:NAME the header must carry the gateway's signature (default: the "+tenantSecretEnv+" environment variable)")
 	ttl := fs.Duration("ttl", 0, "how long a key is remembered, at least ten leases (default 24h)")
 	lease := fs.Duration("lease", 0, "how long a claim may run before it counts as abandoned (default 30s)")
 	upstreamTimeout := fs.Duration("upstream-timeout", 0, "how long the upstream may take to answer in full; past it the outcome is recorded unknown (default 80% of the lease)")
@@ -54,7 +53,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR | --store DSN] [--listen ADDR]
-                  [--tenant-from auth|header:NAME|none] [--ttl D] [--lease D]
+                  [--tenant-from auth|header:NAME|none] [--tenant-secret-file FILE] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
                   [--max-body SIZE] [--max-stored-body SIZE] [--memory SIZE]
                   [--release-status LIST] [--unknown-status LIST]
@@ -126,7 +125,10 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	if err != nil {
 		return usageErr("%v", err)
 	}
-	tenant, err := parseTenantFrom(*tenantFrom)
+	tenancy, err := parseTenantFrom(*tenantFrom)
+	if err == nil {
+		err = tenancy.loadSecret(*tenantSecretFile)
+	}
 	if err != nil {
 		return usageErr("%v", err)
 	}
@@ -156,9 +158,8 @@ Full reference: `+docsURL("docs/proxy.md")+`
 		return usageErr("--max-stored-body %d must be positive", maxStored)
 	}
 	log := newLogger(stderr)
-	if *tenantFrom == "none" {
-		log.Warn("idem proxy: --tenant-from none: all callers share one key space and each other's stored responses; " +
-			"a caller who sends another's key gets that caller's answer. Use it only behind a single trusted client")
+	if w := tenancy.warning(); w != "" {
+		log.Warn("idem proxy: " + w)
 	}
 	effectiveLease := *lease
 	if effectiveLease == 0 {
@@ -211,7 +212,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	}
 	base := idemhttp.Options{
 		Store:           db,
-		Tenant:          tenant,
+		Tenant:          tenancy.tenant,
 		Methods:         methods,
 		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,
@@ -289,43 +290,6 @@ func parseStatuses(s string) ([]int, error) {
 		}
 	}
 	return out, nil
-}
-
-// parseTenantFrom turns --tenant-from into the middleware's Tenant func.
-func parseTenantFrom(s string) (func(*http.Request) (string, error), error) {
-	switch {
-	case s == "auth":
-		// Hashed: the tenant is stored in every record key, and a
-		// credential has no business on disk.
-		return func(r *http.Request) (string, error) {
-			v, err := oneHeader(r, "Authorization")
-			if err != nil {
-				return "", err
-			}
-			sum := sha256.Sum256([]byte(v))
-			return hex.EncodeToString(sum[:]), nil
-		}, nil
-	case s == "none":
-		return func(*http.Request) (string, error) { return "", nil }, nil
-	case strings.HasPrefix(s, "header:"):
-		name := strings.TrimPrefix(s, "header:")
-		if name == "" || strings.ContainsAny(name, " \t:\r\n") {
-			return nil, fmt.Errorf("--tenant-from %q: the header name is missing or malformed", s)
-		}
-		// Taken as is: a header set by an authenticating gateway in front
-		// names an account, which is worth reading in the store.
-		return func(r *http.Request) (string, error) {
-			v, err := oneHeader(r, name)
-			if err != nil {
-				return "", err
-			}
-			if len(v) > idem.MaxTenantBytes {
-				return "", fmt.Errorf("the %s header is longer than %d bytes", name, idem.MaxTenantBytes)
-			}
-			return v, nil
-		}, nil
-	}
-	return nil, fmt.Errorf("--tenant-from %q: want auth, header:NAME or none", s)
 }
 
 // oneHeader returns the single, non-empty value of the header name.

@@ -163,7 +163,7 @@ func newReconcileEnv(t *testing.T, open func(*testing.T, *idemtest.Clock, func(c
 	require.NoError(t, err)
 	forward := newProxyHandler(target, 5*time.Second, idemhttp.DefaultProblemBase, log)
 	serve := func(store idem.Store) *httptest.Server {
-		mw, err := idemhttp.New(idemhttp.Options{Store: store, Tenant: tenant, Logger: log})
+		mw, err := idemhttp.New(idemhttp.Options{Store: store, Tenant: tenant.tenant, Logger: log})
 		require.NoError(t, err)
 		srv := httptest.NewServer(mw(forward))
 		t.Cleanup(srv.Close)
