@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/internal/idemtest"
 	"github.com/idemkv/idem/pebblestore"
 )
 
@@ -35,20 +36,9 @@ func (r reply) code(t *testing.T) string {
 
 func send(t *testing.T, method, url, body string, header ...string) reply {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	status, h, b, err := idemtest.Send(t.Context(), http.DefaultClient, method, url, body, header...)
 	require.NoError(t, err)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for i := 0; i < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return reply{resp.StatusCode, resp.Header, b}
+	return reply{status, h, b}
 }
 
 func decode(t *testing.T, b []byte) map[string]any {
