@@ -97,7 +97,6 @@ func (in *injector) MaybeError(op errorfs.Op) error {
 }
 
 func TestFaultCampaign(t *testing.T) {
-	campaign(t)
 	seed := seedFor(t)
 	byKind := map[string]int64{}
 	var failed, unavailable, unstored, acked int
@@ -309,7 +308,6 @@ func TestWALFaultCampaign(t *testing.T) {
 		walFaultChild(env)
 		return
 	}
-	campaign(t)
 	rng := rand.New(rand.NewPCG(seedFor(t), 4))
 	rounds := max(4, *faultRuns/10)
 	exits := map[int]int{}

@@ -180,7 +180,6 @@ func (c *killCampaign) observeAfterKill(k *keyRun, r reply) {
 // the kills, under the smallest memory budget, whose store flushes and
 // compacts all the time.
 func TestKillCampaign(t *testing.T) {
-	campaign(t)
 	t.Run("default", func(t *testing.T) { killCampaignRun(t, *kills) })
 	t.Run("memory=4MiB", func(t *testing.T) { killCampaignRun(t, max(1, *kills/2), "--memory", "4MiB") })
 }

@@ -16,8 +16,7 @@
 //	go test ./reliability -run TestSoak -soak 60s -v
 //	go test ./reliability -run 'TestFault|TestWAL' -faults 2000 -timeout 0 -v
 //
-// -short leaves the campaigns out and keeps the hostile-input and tenant
-// tests. -seed N replays a randomized test with the seed its failure
+// -short runs each campaign for a few rounds only. -seed N replays a randomized test with the seed its failure
 // printed.
 //
 // Each test logs its figures (kills survived, faults injected, inputs
@@ -61,12 +60,19 @@ func seedFor(t *testing.T) uint64 {
 	return seed
 }
 
-// campaign skips t under -short: the kill, fault and soak campaigns take
-// most of the package's time, and go test -short is the quick run. CI
-// runs them in full.
-func campaign(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a campaign: go test without -short runs it")
+// shortCampaigns makes the kill, fault and soak campaigns a few rounds
+// each under -short, the quick run, unless their flags were given; CI
+// runs them at the sizes above.
+func shortCampaigns() {
+	if !testing.Short() {
+		return
+	}
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for name, v := range map[string]string{"kills": "2", "pgkills": "1", "soak": "10s", "faults": "8"} {
+		if !set[name] {
+			_ = flag.Set(name, v)
+		}
 	}
 }
 
@@ -75,6 +81,7 @@ var idemBin, upstreamBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	shortCampaigns()
 	dir, err := os.MkdirTemp("", "idem-reliability")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -155,7 +155,6 @@ func (c *replicaCampaign) checkEverywhere(t *testing.T, client *http.Client, set
 }
 
 func TestReplicaKillCampaign(t *testing.T) {
-	campaign(t)
 	began := time.Now()
 	dsn := pgtest.DSN(t)
 	restartable := pgtest.Restartable()

@@ -113,7 +113,6 @@ func settle(count func() int, limit int) int {
 }
 
 func TestSoakProxy(t *testing.T) {
-	campaign(t)
 	up := startUpstream(t, 2*time.Millisecond)
 	data := t.TempDir()
 	// No --wait: an answer reaches the client only once it is stored, so
@@ -175,7 +174,6 @@ func TestSoakProxy(t *testing.T) {
 // clock runs fifty times fast, so that records expire and the
 // background sweep deletes them while the clients run.
 func TestSoakInProcess(t *testing.T) {
-	campaign(t)
 	base := time.Now()
 	const speed = 50
 	db, err := pebblestore.Open(t.TempDir(), &pebblestore.Options{
