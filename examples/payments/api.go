@@ -53,11 +53,6 @@ type refund struct {
 	Created int64  `json:"created"`
 }
 
-// ledger is one tenant's payments.
-type ledger struct {
-	payments map[string]*payment
-}
-
 // api holds the business records, in memory: an example loses nothing
 // that matters by forgetting them, and the idempotency records it keeps
 // are what a retry after a restart needs.
@@ -65,16 +60,14 @@ type api struct {
 	provider *provider
 
 	mu       sync.Mutex
-	accounts map[string]*ledger // guarded by mu
+	accounts map[string]map[string]*payment // tenant to payment ID; guarded by mu
 }
 
-func (a *api) ledgerLocked(acct string) *ledger {
-	l := a.accounts[acct]
-	if l == nil {
-		l = &ledger{payments: map[string]*payment{}}
-		a.accounts[acct] = l
-	}
-	return l
+// paymentLocked finds a tenant's payment. It adds no ledger: a caller
+// that only reads, under any token it makes up, must not grow the map.
+func (a *api) paymentLocked(acct, id string) (*payment, bool) {
+	p, ok := a.accounts[acct][id]
+	return p, ok
 }
 
 // provider stands for the call to a payment provider, the slow part of a
@@ -122,7 +115,10 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	p := &payment{ID: newID("pay_"), Object: "payment", Amount: amount, Currency: in.Currency,
 		Customer: in.Customer, Description: in.Description, Status: "succeeded", Created: time.Now().Unix()}
 	a.mu.Lock()
-	a.ledgerLocked(acct).payments[p.ID] = p
+	if a.accounts[acct] == nil {
+		a.accounts[acct] = map[string]*payment{}
+	}
+	a.accounts[acct][p.ID] = p
 	out := *p
 	a.mu.Unlock()
 	w.Header().Set("Location", "/v1/payments/"+p.ID)
@@ -136,7 +132,7 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.mu.Lock()
-	p, ok := a.ledgerLocked(acct).payments[r.PathValue("id")]
+	p, ok := a.paymentLocked(acct, r.PathValue("id"))
 	var out payment
 	if ok {
 		out = *p
@@ -170,7 +166,7 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 	// The amount is set aside before the provider is called, so that two
 	// refunds racing for the same payment cannot both take the last cent.
 	a.mu.Lock()
-	p, ok := a.ledgerLocked(acct).payments[in.Payment]
+	p, ok := a.paymentLocked(acct, in.Payment)
 	var left int64
 	if ok {
 		left = p.Amount - p.AmountRefunded

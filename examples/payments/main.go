@@ -114,7 +114,7 @@ func newHandler(store idem.Store, p *provider, log *slog.Logger) (http.Handler, 
 	if err != nil {
 		return nil, err
 	}
-	api := &api{provider: p, accounts: map[string]*ledger{}}
+	api := &api{provider: p, accounts: map[string]map[string]*payment{}}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/payments", mw(http.HandlerFunc(api.createPayment)))
 	mux.Handle("POST /v1/refunds", mw(http.HandlerFunc(api.createRefund)))

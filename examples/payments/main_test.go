@@ -206,3 +206,18 @@ func TestRun(t *testing.T) {
 	go io.Copy(io.Discard, out)
 	assert.Equal(t, 0, <-code)
 }
+
+// TestReadsKeepNoState: a GET under a token nobody created a payment with
+// leaves nothing behind, so a caller cycling tokens cannot grow memory.
+func TestReadsKeepNoState(t *testing.T) {
+	a := &api{provider: &provider{}, accounts: map[string]map[string]*payment{}}
+	for range 50 {
+		r := httptest.NewRequest("GET", "/v1/payments/pay_x", nil)
+		r.SetPathValue("id", "pay_x")
+		r.Header.Set("Authorization", "Bearer "+rand.Text())
+		w := httptest.NewRecorder()
+		a.getPayment(w, r)
+		require.Equal(t, http.StatusNotFound, w.Code)
+	}
+	assert.Empty(t, a.accounts)
+}
