@@ -8,6 +8,10 @@ import "time"
 type Observation struct {
 	// Endpoint is the endpoint the front end scoped the key by.
 	Endpoint string
+	// Unrouted says that no route named the endpoint: it is the request's
+	// method and URL path, which may hold IDs, so an observer must not
+	// make it a label of its own.
+	Unrouted bool
 	// Outcome is OutcomeExecuted, OutcomeReplayed, OutcomePanic,
 	// OutcomeHijacked, or the code of the problem the request was refused
 	// with (CodeInProgress, CodeKeyReuse, ...).

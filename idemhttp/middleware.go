@@ -167,6 +167,9 @@ type middleware struct {
 	release   map[int]bool // Outcomes.Release
 	unknown   map[int]bool // Outcomes.Unknown
 	do        *idem.DoOptions
+	// pathEndpoint: the endpoint is defaultEndpoint, the URL path when no
+	// ServeMux pattern matched.
+	pathEndpoint bool
 }
 
 // New validates o and returns the middleware. Wrap each route's handler
@@ -193,7 +196,8 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.Tenant == nil {
 		bad("Options.Tenant is required: keys must be scoped by the authenticated caller")
 	}
-	if o.Endpoint == nil {
+	pathEndpoint := o.Endpoint == nil
+	if pathEndpoint {
 		o.Endpoint = defaultEndpoint
 	}
 	if len(o.Methods) == 0 {
@@ -218,7 +222,7 @@ func newMiddleware(o Options) (*middleware, error) {
 		o.ProblemBase = DefaultProblemBase
 	}
 	names := append([]string{o.Header}, o.Aliases...)
-	m := &middleware{opts: o, headers: canonicalNames(names), methods: map[string]bool{},
+	m := &middleware{opts: o, pathEndpoint: pathEndpoint, headers: canonicalNames(names), methods: map[string]bool{},
 		release: map[int]bool{}, unknown: map[int]bool{}}
 	// Two spellings of one header would make every key arrive twice, and
 	// every request a 400 for a duplicate key.
@@ -364,7 +368,8 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	result, status := idem.OutcomePanic, http.StatusInternalServerError
 	if m.opts.Observe != nil {
 		defer func() {
-			m.opts.Observe(idem.Observation{Endpoint: endpoint, Outcome: result, Status: status, Duration: time.Since(start)})
+			m.opts.Observe(idem.Observation{Endpoint: endpoint, Unrouted: m.pathEndpoint && r.Pattern == "",
+				Outcome: result, Status: status, Duration: time.Since(start)})
 		}()
 	}
 	result, status = m.handle(w, r, next, endpoint)

@@ -3,7 +3,9 @@ package idemprom_test
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/idemhttp"
 	"github.com/idemkv/idem/idemprom"
 	"github.com/idemkv/idem/internal/idemtest"
 	"github.com/idemkv/idem/internal/pgtest"
@@ -345,6 +348,42 @@ func TestObserverEndpointBound(t *testing.T) {
 	assert.Equal(t, 1.0, count("POST /b"))
 	assert.Equal(t, 2.0, count(idemprom.OtherEndpoint))
 	assert.Len(t, requests.GetMetric(), 3)
+}
+
+// TestObserverUnrouted: through the middleware, a request no route
+// pattern matched is labelled other, whatever IDs its path holds, and
+// uses none of the labelled endpoints' room; a routed one keeps its
+// pattern.
+func TestObserverUnrouted(t *testing.T) {
+	obs, err := idemprom.NewObserver(&idemprom.ObserverOptions{MaxEndpoints: 1})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(obs))
+	db, _ := idemtest.Open(t, nil)
+	mw, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: func(*http.Request) (string, error) { return "t", nil }, Observe: obs.Observe})
+	require.NoError(t, err)
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/payments", mw(ok))
+	unrouted := mw(ok) // around a whole handler, as idem proxy has it
+	for i, path := range []string{"/v1/orders/1", "/v1/orders/2", "/v1/payments", "/v1/orders/3"} {
+		r := httptest.NewRequest(http.MethodPost, path, nil)
+		r.Header.Set("Idempotency-Key", fmt.Sprint("k", i))
+		if path == "/v1/payments" {
+			mux.ServeHTTP(httptest.NewRecorder(), r)
+		} else {
+			unrouted.ServeHTTP(httptest.NewRecorder(), r)
+		}
+	}
+	requests := gather(t, reg)["idem_http_requests_total"]
+	require.NotNil(t, requests)
+	for ep, n := range map[string]float64{idemprom.OtherEndpoint: 3, "POST /v1/payments": 1} {
+		m := labelled(requests, map[string]string{"endpoint": ep, "outcome": "executed", "code": "201"})
+		if assert.NotNil(t, m, ep) {
+			assert.Equal(t, n, m.GetCounter().GetValue(), ep)
+		}
+	}
+	assert.Len(t, requests.GetMetric(), 2)
 }
 
 func TestNewObserverValidates(t *testing.T) {

@@ -13,8 +13,9 @@ import (
 	"github.com/idemkv/idem"
 )
 
-// OtherEndpoint is the endpoint label of the requests whose endpoint came
-// after ObserverOptions.MaxEndpoints others.
+// OtherEndpoint is the endpoint label of the requests no route named
+// (Observation.Unrouted), and of those whose endpoint came after
+// ObserverOptions.MaxEndpoints others.
 const OtherEndpoint = "other"
 
 // ObserverOptions configure an Observer. The zero value selects the
@@ -26,12 +27,11 @@ type ObserverOptions struct {
 	// replay out of the store to an operation as long as a default lease.
 	Buckets []float64
 
-	// MaxEndpoints bounds the distinct values of the endpoint label. The
-	// middleware names an endpoint by its route pattern, but without one
-	// (idem proxy, or a middleware around a whole mux) the name is the
-	// method and the URL path, and paths that carry IDs would make a new
-	// series per request. Past the bound, new endpoints are counted as
-	// OtherEndpoint. Default: 100.
+	// MaxEndpoints bounds the distinct values of the endpoint label. An
+	// endpoint no route named is always OtherEndpoint, since its name is
+	// a URL path that may carry IDs; this bounds the rest, endpoints an
+	// Options.Endpoint function names, in case it is no better. Past the
+	// bound, new endpoints are counted as OtherEndpoint. Default: 100.
 	MaxEndpoints int
 }
 
@@ -99,7 +99,10 @@ func NewObserver(opts *ObserverOptions) (*Observer, error) {
 // Observe counts one answer. Its signature is that of
 // idemhttp.Options.Observe.
 func (o *Observer) Observe(ob idem.Observation) {
-	ep := o.endpointLabel(ob.Endpoint)
+	ep := OtherEndpoint
+	if !ob.Unrouted {
+		ep = o.endpointLabel(ob.Endpoint)
+	}
 	outcome := strings.ToValidUTF8(ob.Outcome, "\uFFFD")
 	o.requests.WithLabelValues(ep, outcome, strconv.Itoa(ob.Status)).Inc()
 	o.duration.WithLabelValues(ep, outcome).Observe(ob.Duration.Seconds())
