@@ -63,6 +63,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--admin-hosts LIST] [--admin-tls-cert FILE --admin-tls-key FILE
                   [--admin-client-ca FILE]]
                   [--reconcile-url URL] [--reconcile-attempts N]
+                  [--reconcile-token-file FILE]
                   [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
@@ -175,7 +176,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 		return usageErr("--upstream-timeout %s must be positive and shorter than the lease (%s)", timeout, effectiveLease)
 	}
 
-	rc, err := reconcile.reconciler(timeout, int64(maxStored), log)
+	rc, err := reconcile.reconciler(timeout, int64(maxStored), log, stderr)
 	if err != nil {
 		return usageErr("%v", err)
 	}
@@ -237,7 +238,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 		}
 		protected = routes.handler(protected)
 	}
-	h := http1Only(*problemBase, protected)
+	h := http1Only(*problemBase, refuseReserved(rc.reservedPath(target), target, *problemBase, protected))
 	var adminH http.Handler
 	if *adminAddr != "" {
 		mux := http.NewServeMux()
@@ -327,6 +328,7 @@ const (
 	codeUpstreamFailed      = "upstream_failed"            // 502: sent, then lost; the outcome is unknown
 	codeUpstreamTimeout     = "upstream_timeout"           // 504: sent, no answer in time; the outcome is unknown
 	codeHTTPVersion         = "http_version_not_supported" // 505: not HTTP/1.x
+	codePathReserved        = "path_reserved"              // 403: the reconciler's lookup path, not forwarded
 )
 
 // dialError marks a failure to connect to the upstream: the request was

@@ -7,14 +7,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/idemkv/idem"
+	"github.com/idemkv/idem/idemhttp"
 )
 
 // The proxy's reconciler: with --reconcile-url, the store hands it every
@@ -34,31 +37,47 @@ const lookupUserAgent = "idem-proxy-reconciler"
 const defaultReconcileAttempts = 10
 
 const reconcileURLHelp = "`URL` the proxy asks, for each claim whose lease ran out (the proxy stopped, or could not store the answer), " +
-	"what became of its operation: {key}, {tenant} and {endpoint} in its path or query are replaced by the claim's, escaped. " +
+	"what became of its operation: a GET carrying the claim in the " + idem.HeaderKey + ", " + headerLookupTenant + " and " + headerLookupEndpoint + " headers, never in the URL. " +
 	"A 2xx answer is the operation's response and is stored for replays (its status, or the one in " + headerOriginalStatus + "), " +
-	"404 means the operation never took effect and frees the key, anything else is asked again a minute later " +
-	"(default none: such claims wait for an operator)"
+	"404 means the operation never took effect and frees the key, anything else is asked again a minute later. " +
+	"The proxy refuses to forward clients to this path (default none: such claims wait for an operator)"
 
 const reconcileAttemptsHelp = "how many lookups of one claim may go unanswered (an error, or a status other than 2xx and 404) " +
 	"before its outcome is recorded unknown, for an operator to resolve; 0 asks until the key expires"
 
-// reconcileFlags are --reconcile-url and --reconcile-attempts.
+const reconcileTokenHelp = "file holding the token each lookup sends as Authorization: Bearer, for the upstream to tell the proxy's lookups " +
+	"from a client's (default: the " + reconcileTokenEnv + " environment variable)"
+
+// reconcileTokenEnv holds the lookup's token when no file is given.
+const reconcileTokenEnv = "IDEM_RECONCILE_TOKEN"
+
+// The headers that carry a lookup's claim beside idem.HeaderKey. A URL is
+// written to access logs along the way; a header is not.
+const (
+	headerLookupTenant   = "Idempotency-Tenant"
+	headerLookupEndpoint = "Idempotency-Endpoint"
+)
+
+// reconcileFlags are --reconcile-url, --reconcile-attempts and
+// --reconcile-token-file.
 type reconcileFlags struct {
 	url      string
 	attempts int
+	token    *tokenSource
 }
 
 func addReconcileFlags(fs *flag.FlagSet) *reconcileFlags {
 	f := &reconcileFlags{}
 	fs.StringVar(&f.url, "reconcile-url", "", reconcileURLHelp)
 	fs.IntVar(&f.attempts, "reconcile-attempts", defaultReconcileAttempts, reconcileAttemptsHelp)
+	f.token = tokenFlag(fs, "reconcile-token-file", reconcileTokenEnv, reconcileTokenHelp)
 	return f
 }
 
 // reconciler returns the reconciler the flags describe, or nil when there
 // is no --reconcile-url. Each lookup may take timeout, and an answer
 // larger than maxBody is not stored.
-func (f *reconcileFlags) reconciler(timeout time.Duration, maxBody int64, log *slog.Logger) (*reconciler, error) {
+func (f *reconcileFlags) reconciler(timeout time.Duration, maxBody int64, log *slog.Logger, stderr io.Writer) (*reconciler, error) {
 	if f.url == "" {
 		return nil, nil
 	}
@@ -69,64 +88,80 @@ func (f *reconcileFlags) reconciler(timeout time.Duration, maxBody int64, log *s
 	if f.attempts < 0 {
 		return nil, fmt.Errorf("--reconcile-attempts %d must not be negative", f.attempts)
 	}
-	return newReconciler(u, timeout, maxBody, f.attempts, log), nil
+	token, err := f.token.read(stderr)
+	if err != nil {
+		return nil, err
+	}
+	if token == "" {
+		log.Warn("idem proxy: the reconciler's lookups carry no credential; give the upstream one to check with --reconcile-token-file")
+	}
+	rc := newReconciler(u, timeout, maxBody, f.attempts, log)
+	rc.token = token
+	return rc, nil
 }
 
-// lookupURL is a --reconcile-url: a URL whose path and query may hold the
-// placeholders {key}, {tenant} and {endpoint}.
-type lookupURL struct {
-	raw   string
-	query int // where the query begins in raw, or len(raw)
-}
-
-var lookupPlaceholders = []string{"{key}", "{tenant}", "{endpoint}"}
-
-// parseLookupURL checks s: an http or https URL with a host, no user
-// information and no fragment, whose placeholders are known ones and stay
-// out of its scheme and host.
-func parseLookupURL(s string) (*lookupURL, error) {
-	bare := s
-	for _, p := range lookupPlaceholders {
-		bare = strings.ReplaceAll(bare, p, "x")
+// parseLookupURL checks s: an http or https URL with a host, and no user
+// information, fragment or braces, which once held the claim.
+func parseLookupURL(s string) (*url.URL, error) {
+	if strings.ContainsAny(s, "{}") {
+		return nil, fmt.Errorf("%q: the lookup's URL is fixed; the claim travels in the %s, %s and %s headers", s, idem.HeaderKey, headerLookupTenant, headerLookupEndpoint)
 	}
-	if i := strings.IndexAny(bare, "{}"); i >= 0 {
-		return nil, fmt.Errorf("%q: braces hold only {key}, {tenant} or {endpoint}", s)
-	}
-	u, err := url.Parse(bare)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.Fragment != "" || strings.Contains(bare, "#") {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.Fragment != "" || strings.Contains(s, "#") {
 		return nil, fmt.Errorf("%q must be an http:// or https:// URL with a host, and no user or fragment", s)
 	}
-	rest := s[len(u.Scheme)+len("://"):]
-	if end := strings.IndexAny(rest, "/?"); end >= 0 {
-		rest = rest[:end]
-	}
-	if strings.Contains(rest, "{") {
-		return nil, fmt.Errorf("%q: placeholders go in the path or the query, not the host", s)
-	}
-	q := strings.IndexByte(s, '?')
-	if q < 0 {
-		q = len(s)
-	}
-	return &lookupURL{raw: s, query: q}, nil
+	return u, nil
 }
 
-// expand fills in the placeholders for sc, each escaped for the part of
-// the URL it is in: a key with a slash stays one path segment, one with
-// an ampersand one query value.
-func (u *lookupURL) expand(sc idem.Scope) string {
-	values := []string{sc.Key, sc.Tenant, sc.Endpoint}
-	var path, query []string
-	for i, p := range lookupPlaceholders {
-		path = append(path, p, url.PathEscape(values[i]))
-		query = append(query, p, url.QueryEscape(values[i]))
+// reservedPath returns the path on target that clients must not reach
+// through the proxy, the lookup's, or "" when the lookup goes elsewhere.
+func (rc *reconciler) reservedPath(target *url.URL) string {
+	if rc == nil || !strings.EqualFold(rc.url.Scheme, target.Scheme) || !strings.EqualFold(hostPort(rc.url), hostPort(target)) {
+		return ""
 	}
-	return strings.NewReplacer(path...).Replace(u.raw[:u.query]) + strings.NewReplacer(query...).Replace(u.raw[u.query:])
+	return cleanPath(rc.url.Path)
+}
+
+// hostPort is u's host and port, the scheme's default port spelt out.
+func hostPort(u *url.URL) string {
+	if port := u.Port(); port != "" {
+		return net.JoinHostPort(u.Hostname(), port)
+	}
+	port := "80"
+	if u.Scheme == "https" {
+		port = "443"
+	}
+	return net.JoinHostPort(u.Hostname(), port)
+}
+
+// cleanPath is p as most routers match it: rooted, without dot segments,
+// doubled slashes or a trailing slash.
+func cleanPath(p string) string { return path.Clean("/" + p) }
+
+// refuseReserved answers 403 path_reserved for a request whose path on the
+// upstream is reserved or lies below it, matched without regard to case
+// for the routers that ignore it, and passes the others to h. The
+// upstream's check of the lookup's token stays the real protection.
+func refuseReserved(reserved string, target *url.URL, problemBase string, h http.Handler) http.Handler {
+	if reserved == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := cleanPath(target.JoinPath(r.URL.Path).Path)
+		if strings.EqualFold(p, reserved) || (len(p) > len(reserved) && strings.EqualFold(p[:len(reserved)], reserved) && p[len(reserved)] == '/') {
+			writeProblem(w, idemhttp.Problem{Type: problemBase + codePathReserved, Status: http.StatusForbidden, Code: codePathReserved,
+				Detail: "this path on the upstream is kept for the proxy's own requests and is not forwarded"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // reconciler asks the upstream what became of overdue claims; its
 // Reconcile is the store's Options.Reconcile.
 type reconciler struct {
-	url      *lookupURL
+	url      *url.URL
+	token    string // sent as a bearer token when set
 	client   *http.Client
 	timeout  time.Duration
 	maxBody  int64
@@ -134,7 +169,7 @@ type reconciler struct {
 	log      *slog.Logger
 }
 
-func newReconciler(u *lookupURL, timeout time.Duration, maxBody int64, attempts int, log *slog.Logger) *reconciler {
+func newReconciler(u *url.URL, timeout time.Duration, maxBody int64, attempts int, log *slog.Logger) *reconciler {
 	return &reconciler{
 		url: u,
 		client: &http.Client{
@@ -200,16 +235,21 @@ func (rc *reconciler) Reconcile(ctx context.Context, l idem.Lease) error {
 }
 
 // lookup asks the upstream about the operation at sc. Its errors never
-// hold the lookup's URL, which holds the key.
+// hold the lookup's URL, which may hold a secret of its own in its query.
 func (rc *reconciler) lookup(ctx context.Context, sc idem.Scope) (verdict, idem.Response, error) {
 	ctx, cancel := context.WithTimeout(ctx, rc.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rc.url.expand(sc), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rc.url.String(), nil)
 	if err != nil {
-		return undecided, idem.Response{}, errors.New("lookup: the expanded --reconcile-url does not parse")
+		return undecided, idem.Response{}, errors.New("lookup: --reconcile-url does not make a request")
 	}
 	req.Header.Set("User-Agent", lookupUserAgent)
 	req.Header.Set(idem.HeaderKey, sc.Key)
+	req.Header.Set(headerLookupTenant, sc.Tenant)
+	req.Header.Set(headerLookupEndpoint, sc.Endpoint)
+	if rc.token != "" {
+		req.Header.Set("Authorization", "Bearer "+rc.token)
+	}
 	resp, err := rc.client.Do(req)
 	if err != nil {
 		if ue, ok := errors.AsType[*url.Error](err); ok {
@@ -262,7 +302,7 @@ func lookupHeader(h http.Header) http.Header {
 		"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 		"Date", "Content-Length",
 		idem.HeaderKey, idem.HeaderReplayed, idem.HeaderBodyOmitted, idem.HeaderExpires, idem.HeaderOutcome,
-		headerOriginalStatus,
+		headerOriginalStatus, headerLookupTenant, headerLookupEndpoint,
 	} {
 		out.Del(name)
 	}

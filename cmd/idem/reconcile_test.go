@@ -26,33 +26,59 @@ import (
 )
 
 func TestLookupURL(t *testing.T) {
-	u, err := parseLookupURL("https://api.internal:8443/v1/lookups/{endpoint}/{key}?tenant={tenant}&k={key}")
+	u, err := parseLookupURL("https://api.internal:8443/v1/lookups?v=2")
 	require.NoError(t, err)
-	got := u.expand(idem.Scope{Tenant: "acct 1&x=y", Endpoint: "POST /v1/charges", Key: "a/b?c&d=e f+"})
-	assert.Equal(t, "https://api.internal:8443/v1/lookups/POST%20%2Fv1%2Fcharges/a%2Fb%3Fc&d=e%20f+?tenant=acct+1%26x%3Dy&k=a%2Fb%3Fc%26d%3De+f%2B", got)
-	parsed, err := url.Parse(got)
-	require.NoError(t, err)
-	assert.Equal(t, "/v1/lookups/POST /v1/charges/a/b?c&d=e f+", parsed.Path, "each value stays in its segment")
-	assert.Equal(t, "a/b?c&d=e f+", parsed.Query().Get("k"))
-	assert.Equal(t, "acct 1&x=y", parsed.Query().Get("tenant"))
-
-	u, err = parseLookupURL("http://127.0.0.1:3000/lookup")
-	require.NoError(t, err)
-	assert.Equal(t, "http://127.0.0.1:3000/lookup", u.expand(idem.Scope{Key: "k"}), "the key may travel in the header alone")
+	assert.Equal(t, "/v1/lookups", u.Path)
 
 	for _, bad := range []struct{ url, want string }{
-		{"http://up/lookup/{id}", "braces hold only {key}, {tenant} or {endpoint}"},
-		{"http://up/lookup/{key", "braces hold only"},
-		{"http://{tenant}.up/lookup", "not the host"},
-		{"ftp://up/{key}", "must be an http:// or https:// URL"},
-		{"/lookup/{key}", "must be an http:// or https:// URL"},
-		{"http://user:pw@up/{key}", "no user or fragment"},
-		{"http://up/{key}#frag", "no user or fragment"},
+		{"http://up/lookup/{key}", "the lookup's URL is fixed; the claim travels in the Idempotency-Key, Idempotency-Tenant and Idempotency-Endpoint headers"},
+		{"http://up/lookup?tenant={tenant}", "the lookup's URL is fixed"},
+		{"ftp://up/lookup", "must be an http:// or https:// URL"},
+		{"/lookup", "must be an http:// or https:// URL"},
+		{"http://user:pw@up/lookup", "no user or fragment"},
+		{"http://up/lookup#frag", "no user or fragment"},
 	} {
 		_, err := parseLookupURL(bad.url)
 		require.Error(t, err, bad.url)
 		assert.Contains(t, err.Error(), bad.want, bad.url)
 	}
+}
+
+// TestReservedPath: a client cannot reach the lookup's path through the
+// proxy, however it spells it, and other paths pass; a lookup on another
+// host reserves nothing.
+func TestReservedPath(t *testing.T) {
+	var reached []string
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached = append(reached, r.URL.Path) })
+	target, err := url.Parse("http://127.0.0.1:3000/api")
+	require.NoError(t, err)
+	lu, err := parseLookupURL("http://127.0.0.1:3000/api/internal/lookup")
+	require.NoError(t, err)
+	rc := newReconciler(lu, time.Second, 1, 0, slog.New(slog.DiscardHandler))
+	h := refuseReserved(rc.reservedPath(target), target, idemhttp.DefaultProblemBase, next)
+	for _, p := range []string{"/internal/lookup", "/internal/lookup/", "//internal/./lookup", "/Internal/LOOKUP", "/internal/x/../lookup", "/internal/lookup/abc"} {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "http://proxy"+p, nil))
+		assert.Equal(t, http.StatusForbidden, w.Code, p)
+		assert.Contains(t, w.Body.String(), codePathReserved, p)
+	}
+	for _, p := range []string{"/internal/lookups", "/internal", "/v1/charges"} {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "http://proxy"+p, nil))
+		assert.Equal(t, http.StatusOK, w.Code, p)
+	}
+	assert.Equal(t, []string{"/internal/lookups", "/internal", "/v1/charges"}, reached)
+
+	for _, other := range []string{"http://127.0.0.1:3001/api/internal/lookup", "https://127.0.0.1:3000/api/internal/lookup", "http://ledger.internal/api/internal/lookup"} {
+		lu, err := parseLookupURL(other)
+		require.NoError(t, err)
+		assert.Empty(t, newReconciler(lu, time.Second, 1, 0, nil).reservedPath(target), other)
+	}
+	lu, err = parseLookupURL("http://127.0.0.1:80/lookup")
+	require.NoError(t, err)
+	plain, err := url.Parse("http://127.0.0.1")
+	require.NoError(t, err)
+	assert.Equal(t, "/lookup", newReconciler(lu, time.Second, 1, 0, nil).reservedPath(plain), "the default port is the same port")
 }
 
 func TestLookupHeader(t *testing.T) {
@@ -64,9 +90,12 @@ func TestLookupHeader(t *testing.T) {
 	assert.Equal(t, http.Header{"Content-Type": {"application/json"}, "X-Request-Id": {"r1"}, "Set-Cookie": {"a=1", "b=2"}}, lookupHeader(h))
 }
 
+// lookupToken is the token the tests' lookups carry.
+const lookupToken = "lookup-token-0123456789"
+
 // lookupUpstream is an upstream that serves POST /v1/charges, counting
-// the runs of each key, and GET /lookup?key=, which answers as the test
-// set for that key.
+// the runs of each key, and GET /lookup, which answers callers with
+// lookupToken as the test set for the key in their Idempotency-Key.
 type lookupUpstream struct {
 	*httptest.Server
 	mu      sync.Mutex
@@ -94,7 +123,11 @@ func (u *lookupUpstream) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u.lookups = append(u.lookups, r.Clone(context.Background()))
-	switch u.answers[r.URL.Query().Get("key")] {
+	if r.Header.Get("Authorization") != "Bearer "+lookupToken {
+		http.Error(w, "who are you", http.StatusUnauthorized)
+		return
+	}
+	switch u.answers[r.Header.Get("Idempotency-Key")] {
 	case "found":
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("X-Charge", "ch_found")
@@ -152,9 +185,10 @@ var reconcileStores = []struct {
 func newReconcileEnv(t *testing.T, open func(*testing.T, *idemtest.Clock, func(context.Context, idem.Lease) error, *slog.Logger) idem.Operator, log *slog.Logger) *reconcileEnv {
 	t.Helper()
 	e := &reconcileEnv{up: newLookupUpstream(t), clock: idemtest.NewClock()}
-	lu, err := parseLookupURL(e.up.URL + "/lookup?key={key}&tenant={tenant}&endpoint={endpoint}")
+	lu, err := parseLookupURL(e.up.URL + "/lookup")
 	require.NoError(t, err)
 	e.rc = newReconciler(lu, 5*time.Second, 1<<20, defaultReconcileAttempts, log)
+	e.rc.token = lookupToken
 	e.db = open(t, e.clock, e.rc.Reconcile, log)
 
 	target, err := url.Parse(e.up.URL)
@@ -253,16 +287,16 @@ func TestReconcileFromLookup(t *testing.T) {
 			e.up.mu.Lock()
 			var asked *http.Request
 			for _, l := range e.up.lookups {
-				if l.URL.Query().Get("key") == keys["failing"] {
+				if l.Header.Get("Idempotency-Key") == keys["failing"] {
 					asked = l
 				}
 			}
 			e.up.mu.Unlock()
 			require.NotNil(t, asked)
 			assert.Equal(t, "GET", asked.Method)
-			assert.Equal(t, e.scope("").Tenant, asked.URL.Query().Get("tenant"))
-			assert.Equal(t, "POST /v1/charges", asked.URL.Query().Get("endpoint"))
-			assert.Equal(t, keys["failing"], asked.Header.Get("Idempotency-Key"))
+			assert.Equal(t, "/lookup", asked.URL.RequestURI(), "nothing of the claim is in the URL")
+			assert.Equal(t, e.scope("").Tenant, asked.Header.Get(headerLookupTenant))
+			assert.Equal(t, "POST /v1/charges", asked.Header.Get(headerLookupEndpoint))
 			assert.Equal(t, lookupUserAgent, asked.Header.Get("User-Agent"))
 
 			// The bound: the second unanswered lookup records it unknown.
@@ -290,13 +324,13 @@ func TestReconcileFromLookup(t *testing.T) {
 
 // TestReconcileUnreachable: a lookup that cannot reach the upstream
 // leaves the claim in progress, and the log says why without the URL,
-// which holds the key.
+// whose query may hold a secret.
 func TestReconcileUnreachable(t *testing.T) {
 	var logged syncBuffer
 	log := slog.New(slog.NewTextHandler(&logged, nil))
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closed.Close()
-	lu, err := parseLookupURL(closed.URL + "/lookup/{key}")
+	lu, err := parseLookupURL(closed.URL + "/lookup/by-key?secret=s3")
 	require.NoError(t, err)
 	rc := newReconciler(lu, 5*time.Second, 1<<20, defaultReconcileAttempts, log)
 	clock := idemtest.NewClock()
@@ -315,6 +349,7 @@ func TestReconcileUnreachable(t *testing.T) {
 	assert.Contains(t, logged.String(), "connection refused")
 	assert.NotContains(t, logged.String(), s.Key)
 	assert.False(t, strings.Contains(logged.String(), "/lookup/"), "the lookup's URL reached the log")
+	assert.NotContains(t, logged.String(), "s3")
 }
 
 // TestReconcileFlags: a --reconcile-url or --reconcile-attempts that
@@ -324,9 +359,10 @@ func TestReconcileFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--reconcile-url", "http://up/lookup/{id}"}, "--reconcile-url: \"http://up/lookup/{id}\": braces hold only {key}, {tenant} or {endpoint}"},
+		{[]string{"--reconcile-url", "http://up/lookup/{id}"}, "--reconcile-url: \"http://up/lookup/{id}\": the lookup's URL is fixed"},
 		{[]string{"--reconcile-url", "up/lookup"}, "must be an http:// or https:// URL"},
-		{[]string{"--reconcile-url", "http://up/{key}", "--reconcile-attempts", "-1"}, "--reconcile-attempts -1 must not be negative"},
+		{[]string{"--reconcile-url", "http://up/lookup", "--reconcile-attempts", "-1"}, "--reconcile-attempts -1 must not be negative"},
+		{[]string{"--reconcile-url", "http://up/lookup", "--reconcile-token-file", "/nonexistent/token"}, "--reconcile-token-file: open"},
 	} {
 		r := runIdem(t, "", append([]string{"proxy", "--upstream", "http://127.0.0.1:1", "--data", t.TempDir()}, c.args...)...)
 		assert.Equal(t, 2, r.code, c.args)
@@ -334,7 +370,7 @@ func TestReconcileFlags(t *testing.T) {
 	}
 	r := runIdem(t, "", "proxy", "--help")
 	assert.Equal(t, 0, r.code)
-	for _, want := range []string{"-reconcile-url URL", "-reconcile-attempts", headerOriginalStatus, docsURL("docs/proxy.md#reconciling-with-the-upstream")} {
+	for _, want := range []string{"-reconcile-url URL", "-reconcile-attempts", "-reconcile-token-file", headerLookupTenant, headerOriginalStatus, docsURL("docs/proxy.md#reconciling-with-the-upstream")} {
 		assert.Contains(t, r.stderr, want)
 	}
 }
