@@ -58,6 +58,14 @@ const (
 	// gzip: 406, with original_status. Retry with the same key, accepting
 	// gzip.
 	CodeDecodedTooLarge = "decoded_body_too_large"
+	// CodeReplayForbidden answers a retry whose credentials the server's
+	// check before a replay refused (a revoked token): 403, and nothing of
+	// the stored answer. Renew the credentials.
+	CodeReplayForbidden = "replay_forbidden"
+	// CodeReplayCheckFailed answers a retry whose credentials could not be
+	// checked before a replay: 503 with Retry-After. Retry with the same
+	// key.
+	CodeReplayCheckFailed = "replay_check_failed"
 )
 
 // ClockBehindRetry is the delay a clock_behind answer asks for. A clock

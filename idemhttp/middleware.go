@@ -107,6 +107,16 @@ type Options struct {
 	// the client to accept gzip. Default: idem.DefaultMaxBodyBytes.
 	MaxDecodedBytes int64
 
+	// AuthorizeReplay, when set, is asked before a stored answer is sent
+	// again, with the retry's request: a stored answer is served without
+	// the handler, so without it a credential revoked since the first
+	// request keeps getting its answers until the key expires. An error
+	// matching ErrReplayForbidden answers 403 replay_forbidden; any other
+	// answers 503 replay_check_failed, since an answer that cannot be
+	// checked is not sent. Default: none, replay to any caller the Tenant
+	// function accepts.
+	AuthorizeReplay func(*http.Request) error
+
 	// Wait is how long a retry that finds its key in progress waits for
 	// the first request to finish before it gets 409. The first request's
 	// end wakes it, and the retry then gets the replay. Default: 0, answer
@@ -625,6 +635,13 @@ var (
 	errHijacked = errors.New("idemhttp: the handler took over the connection")
 )
 
+// ErrReplayForbidden is the error Options.AuthorizeReplay returns for a
+// caller that may not have the stored answer.
+var ErrReplayForbidden = errors.New("idemhttp: the caller may not have the stored answer")
+
+// replayCheckRetry is the Retry-After of replay_check_failed.
+const replayCheckRetry = time.Second
+
 // execute runs the handler through idem.Do, which claims the key and
 // stores the outcome, and only then lets the response reach the client: a
 // client must never hold an answer that a crash could still take back
@@ -654,6 +671,16 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	})
 	switch {
 	case res.Replayed != nil:
+		if m.opts.AuthorizeReplay != nil {
+			if err := m.opts.AuthorizeReplay(r); errors.Is(err, ErrReplayForbidden) {
+				return m.problem(w, Problem{Status: http.StatusForbidden, Code: idem.CodeReplayForbidden,
+					Detail: "the request ran, but these credentials may not have its answer again; renew them and retry with the same key"}, 0)
+			} else if err != nil {
+				m.opts.Logger.Warn("idemhttp: the check before a replay failed", "err", err)
+				return m.problem(w, Problem{Status: http.StatusServiceUnavailable, Code: idem.CodeReplayCheckFailed,
+					Detail: "the request ran, but its answer is sent again only once the credentials are checked, and the check failed; retry with the same key"}, replayCheckRetry)
+			}
+		}
 		return m.replay(w, r, res.Replayed)
 	case rec == nil:
 		return m.refuse(w, err)

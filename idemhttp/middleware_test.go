@@ -840,3 +840,47 @@ func TestAnswerWaitsForItsRecord(t *testing.T) {
 	assert.NotEqual(t, "4", resp.Header.Get("Content-Length"), "nothing of the handler's answer leaks")
 	assert.NotContains(t, body, "paid")
 }
+
+// TestAuthorizeReplay: the check runs before a replay only; a refusal
+// sends nothing of the stored answer, and a check that fails sends it
+// neither.
+func TestAuthorizeReplay(t *testing.T) {
+	var verdict atomic.Pointer[error]
+	var checked atomic.Int32
+	e := setup(t, idemhttp.Options{AuthorizeReplay: func(r *http.Request) error {
+		checked.Add(1)
+		if p := verdict.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}})
+	first, body := e.call("POST", "/v1/payments", "acme", pay, "key-1")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	assert.Zero(t, checked.Load(), "the first request is not a replay")
+
+	again, replayed := e.call("POST", "/v1/payments", "acme", pay, "key-1")
+	assert.Equal(t, http.StatusCreated, again.StatusCode)
+	assert.Equal(t, body, replayed)
+	assert.EqualValues(t, 1, checked.Load())
+
+	for _, c := range []struct {
+		err    error
+		status int
+		code   string
+		retry  string
+	}{
+		{fmt.Errorf("token revoked: %w", idemhttp.ErrReplayForbidden), http.StatusForbidden, idem.CodeReplayForbidden, ""},
+		{errors.New("dial tcp 10.0.0.7:443: connection refused"), http.StatusServiceUnavailable, idem.CodeReplayCheckFailed, "1"},
+	} {
+		verdict.Store(&c.err)
+		res, got := e.call("POST", "/v1/payments", "acme", pay, "key-1")
+		assert.Equal(t, c.status, res.StatusCode, c.code)
+		assert.Contains(t, got, c.code)
+		assert.NotContains(t, got, "pay_", "nothing of the stored answer")
+		assert.NotContains(t, got, "10.0.0.7", "the check's error stays in the log")
+		assert.Empty(t, res.Header.Get("Idempotent-Replayed"))
+		assert.Empty(t, res.Header.Values("Set-Cookie"))
+		assert.Equal(t, c.retry, res.Header.Get("Retry-After"), c.code)
+	}
+	assert.Equal(t, int64(1), e.app.runs.Load(), "a refused replay never runs the handler")
+}

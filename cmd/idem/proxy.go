@@ -50,6 +50,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	adminf := addAdminFlags(fs)
 	problemBase := fs.String("problem-base", idemhttp.DefaultProblemBase, "absolute `URI` that begins the type of every problem document the proxy answers: the type is it followed by the code, and the answer links to it (Link rel=describedby); point it at a page or an anchor per code")
 	reconcile := addReconcileFlags(fs)
+	authCheck := fs.String("auth-check-url", "", authCheckHelp)
 	events := fs.Bool("events", true, "log one line to standard error for every change of a record's state (claimed, replayed, completed, ...); --events=false silences them")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem proxy --upstream URL [--data DIR | --store DSN] [--listen ADDR]
@@ -63,7 +64,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--admin-hosts LIST] [--admin-tls-cert FILE --admin-tls-key FILE
                   [--admin-client-ca FILE]]
                   [--reconcile-url URL] [--reconcile-attempts N]
-                  [--reconcile-token-file FILE]
+                  [--reconcile-token-file FILE] [--auth-check-url URL]
                   [--problem-base URI] [--events=false]
 
 Puts the idempotency-key contract in front of an HTTP service written in
@@ -74,7 +75,10 @@ client gets it; every retry gets that response again
 (Idempotent-Replayed: true) without reaching the upstream. The same key
 with a different request gets 422, a duplicate of one still running 409
 with Retry-After. Responses over --max-stored-body are not kept: their
-retries get 410 response_body_omitted.
+retries get 410 response_body_omitted. A replay never reaches the
+upstream, so a revoked credential keeps its answers until they expire,
+unless --auth-check-url checks each retry's credentials first:
+`+docsURL("docs/proxy.md#checking-credentials-before-a-replay")+`
 
 --routes FILE gives route patterns settings of their own (require, ttl,
 volatile, release_status, unknown_status, strict_canonical):
@@ -180,6 +184,10 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	checker, err := newAuthChecker(*authCheck, tenancy.header, timeout)
+	if err != nil {
+		return usageErr("%v", err)
+	}
 
 	var routes *routeTable
 	var endpointTTL map[string]time.Duration
@@ -214,6 +222,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	base := idemhttp.Options{
 		Store:           db,
 		Tenant:          tenancy.tenant,
+		AuthorizeReplay: checker.authorizeFunc(),
 		Methods:         methods,
 		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,
