@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -67,6 +68,10 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: parse DSN: %w", scrub(err))
+	}
+	if unverifiedRemote(cfg.ConnConfig.Config) {
+		o.Logger.Warn("pgstore: the DSN reaches a remote server without sslmode=verify-full: the connection may be plaintext or " +
+			"to an impostor, and stored answers and credentials cross it; set sslmode=verify-full and sslrootcert")
 	}
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "idem-pgstore"
@@ -581,4 +586,20 @@ func (s *Store) Ping(ctx context.Context) error {
 		return s.fail("ping", err)
 	}
 	return nil
+}
+
+// unverifiedRemote reports whether cfg may reach a server over a network
+// without a verified certificate: pgx's default sslmode=prefer falls back
+// to plaintext and, like require and verify-ca, checks no host name. A
+// Unix socket or a loopback address never leaves the machine.
+func unverifiedRemote(cfg pgconn.Config) bool {
+	tries := append([]*pgconn.FallbackConfig{{Host: cfg.Host, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...)
+	for _, f := range tries {
+		ip := net.ParseIP(f.Host)
+		local := strings.HasPrefix(f.Host, "/") || f.Host == "localhost" || (ip != nil && ip.IsLoopback())
+		if !local && (f.TLSConfig == nil || f.TLSConfig.InsecureSkipVerify) {
+			return true
+		}
+	}
+	return false
 }
