@@ -64,9 +64,10 @@ const openTimeout = time.Minute
 // storeFlags are --data and --store, and for the tools that can reach a
 // running server, --admin and --admin-token-file.
 type storeFlags struct {
-	fs  *flag.FlagSet
-	dir string
-	dsn string
+	fs      *flag.FlagSet
+	dir     string
+	dsn     string
+	dsnFile string
 	// admin is the URL of a running proxy's admin listener, and
 	// token reads the admin token; both are set by addAdmin only.
 	admin string
@@ -82,6 +83,7 @@ func addStoreFlags(fs *flag.FlagSet, dataHelp string) *storeFlags {
 	s := &storeFlags{fs: fs}
 	fs.StringVar(&s.dir, "data", defaultDataDir, dataHelp)
 	fs.StringVar(&s.dsn, "store", "", storeHelp)
+	fs.StringVar(&s.dsnFile, "store-file", "", "`FILE` holding --store's connection string, which then stays out of the process list (default: the "+storeDSNEnv+" environment variable, when neither is given)")
 	return s
 }
 
@@ -97,6 +99,31 @@ func (s *storeFlags) addMemory() {
 	s.fs.Var(&s.memory, "memory", "memory the embedded store holds for itself, a `SIZE` such as 16MiB or 64MiB: its cache, write buffers and key filter share it, and the disk it keeps when empty shrinks with it. 0 sizes it for a server, about 200MiB and more. The process needs more than this: see docs/devices.md. At least 4MiB; --data only")
 }
 
+// storeDSNEnv holds the connection string when neither --store nor
+// --store-file is given.
+const storeDSNEnv = "IDEM_STORE_DSN"
+
+// resolveDSN takes the connection string from --store-file, or from
+// storeDSNEnv when no flag names a store: an explicit --data wins over
+// the environment.
+func (s *storeFlags) resolveDSN(dataSet bool) error {
+	switch {
+	case s.dsnFile != "" && s.dsn != "":
+		return errors.New("--store and --store-file both give the connection string; give one")
+	case s.dsnFile != "":
+		b, err := os.ReadFile(s.dsnFile)
+		if err != nil {
+			return fmt.Errorf("--store-file: %w", err)
+		}
+		if s.dsn = strings.TrimSpace(string(b)); s.dsn == "" {
+			return errors.New("--store-file is empty")
+		}
+	case s.dsn == "" && !dataSet:
+		s.dsn = strings.TrimSpace(os.Getenv(storeDSNEnv))
+	}
+	return nil
+}
+
 // postgres reports whether the records are in PostgreSQL.
 func (s *storeFlags) postgres() bool { return s.dsn != "" }
 
@@ -108,6 +135,9 @@ func (s *storeFlags) validate() error {
 		dataSet = dataSet || f.Name == "data"
 		tokenSet = tokenSet || f.Name == "admin-token-file"
 	})
+	if err := s.resolveDSN(dataSet || s.admin != ""); err != nil {
+		return err
+	}
 	if tokenSet && s.admin == "" && s.token != nil { // the proxy takes the token for itself
 		return errors.New("--admin-token-file goes with --admin URL")
 	}

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -298,4 +300,38 @@ func TestProxyOnPostgres(t *testing.T) {
 		p.mu.Unlock()
 	}
 	assertNoSecret(t, dsn, outputs...)
+}
+
+// TestStoreDSNSources: the connection string may come from --store-file
+// or IDEM_STORE_DSN, out of the process list; an explicit --data wins over
+// the environment, and two sources on the command line are a mistake.
+func TestStoreDSNSources(t *testing.T) {
+	dsn := pgDSN(t)
+	r := runIdem(t, "", "migrate", "--store", dsn)
+	require.Equal(t, 0, r.code, r.stderr)
+	file := filepath.Join(t.TempDir(), "dsn")
+	require.NoError(t, os.WriteFile(file, []byte(dsn+"\n"), 0o600))
+
+	r = runIdem(t, "", "stats", "--store-file", file)
+	assert.Equal(t, 0, r.code, r.stderr)
+	t.Setenv(storeDSNEnv, dsn)
+	r = runIdem(t, "", "stats")
+	assert.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "with its indexes", "the environment's PostgreSQL store is the one read")
+	r = runIdem(t, "", "stats", "--data", t.TempDir())
+	assert.Equal(t, 1, r.code, "an explicit --data is used, and it holds no store: %s", r.stderr)
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--store", dsn, "--store-file", file}, "--store and --store-file both give the connection string"},
+		{[]string{"--store-file", filepath.Join(t.TempDir(), "missing")}, "--store-file: open"},
+		{[]string{"--store-file", os.DevNull}, "--store-file is empty"},
+	} {
+		r := runIdem(t, "", append([]string{"stats"}, c.args...)...)
+		assert.Equal(t, 2, r.code, c.args)
+		assert.Contains(t, r.stderr, c.want, c.args)
+		assert.NotContains(t, r.stderr, pgPassword)
+	}
 }
