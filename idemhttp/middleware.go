@@ -107,6 +107,10 @@ type Options struct {
 	// the client to accept gzip. Default: idem.DefaultMaxBodyBytes.
 	MaxDecodedBytes int64
 
+	// Replay says what of an answer is kept for replays. Default:
+	// ReplayAll.
+	Replay ReplayPolicy
+
 	// AuthorizeReplay, when set, is asked before a stored answer is sent
 	// again, with the retry's request: a stored answer is served without
 	// the handler, so without it a credential revoked since the first
@@ -150,6 +154,23 @@ type Options struct {
 	// on the request's goroutine, so it must be quick. Default: none.
 	Observe func(idem.Observation)
 }
+
+// ReplayPolicy says what of a handler's answer a store keeps for replays.
+// The key deduplicates alike under every policy: retries never run the
+// handler again, and get 409 and 422 as always.
+type ReplayPolicy int
+
+const (
+	// ReplayAll keeps every answer whole and replays it verbatim, as
+	// Stripe does: the store is scoped by tenant, like a private cache.
+	ReplayAll ReplayPolicy = iota
+	// ReplayPublic keeps only the status of an answer whose Cache-Control
+	// says no-store or private, and the rest whole.
+	ReplayPublic
+	// ReplayStatus keeps only the status of every answer: for endpoints
+	// whose answers hold one-time secrets or short-lived signed URLs.
+	ReplayStatus
+)
 
 // OutcomePolicy says, by status, which responses do not become the key's
 // answer. A status it does not list is stored and replayed. The zero value
@@ -272,6 +293,9 @@ func newMiddleware(o Options) (*middleware, error) {
 	}
 	if o.Wait < 0 {
 		bad("Options.Wait %s must not be negative", o.Wait)
+	}
+	if o.Replay < ReplayAll || o.Replay > ReplayStatus {
+		bad("Options.Replay %d is not a ReplayPolicy", o.Replay)
 	}
 	if o.MismatchStatus < 400 || o.MismatchStatus > 499 {
 		bad("Options.MismatchStatus %d must be a 4xx status: a reused key is the client's mistake", o.MismatchStatus)
@@ -514,6 +538,13 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *idem.Re
 			Detail: fmt.Sprintf("the request ran and answered %d, but its body (%d bytes) was too large to keep, so it cannot be sent again; "+
 				"do not repeat the operation under a new key: it would run again", rec.Response.Status, rec.BodyLen)}, 0)
 	}
+	if rec.Response.Header[statusOnlyField] != nil {
+		h.Set(idem.HeaderReplayed, "true")
+		h.Set(idem.HeaderBodyOmitted, "true")
+		return m.problem(w, Problem{Status: http.StatusGone, Code: idem.CodeResponseBodyOmitted, OriginalStatus: rec.Response.Status,
+			Detail: fmt.Sprintf("the request ran and answered %d, but only its status was kept, since its answer may hold secrets, so it cannot be sent again; "+
+				"do not repeat the operation under a new key: it would run again", rec.Response.Status)}, 0)
+	}
 	body, decoded := rec.Response.Body, false
 	if c := contentCoding(rec.Response.Header); c != "" && !acceptsCoding(r.Header, c) {
 		var err error
@@ -635,6 +666,29 @@ var (
 	errHijacked = errors.New("idemhttp: the handler took over the connection")
 )
 
+// statusOnlyField marks, in a stored header, an answer of which only the
+// status was kept. A real field's name has no colon, so none collides.
+const statusOnlyField = "Status-Only:"
+
+// statusOnly reports whether Options.Replay keeps only the status of an
+// answer with header h.
+func (m *middleware) statusOnly(h http.Header) bool {
+	switch m.opts.Replay {
+	case ReplayStatus:
+		return true
+	case ReplayPublic:
+		for _, v := range h.Values("Cache-Control") {
+			for d := range strings.SplitSeq(v, ",") {
+				name, _, _ := strings.Cut(strings.TrimSpace(d), "=")
+				if strings.EqualFold(name, "no-store") || strings.EqualFold(name, "private") {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // ErrReplayForbidden is the error Options.AuthorizeReplay returns for a
 // caller that may not have the stored answer.
 var ErrReplayForbidden = errors.New("idemhttp: the caller may not have the stored answer")
@@ -666,6 +720,9 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			return idem.Response{}, errUnknown
 		case release:
 			return idem.Response{}, idem.ErrNoEffect
+		}
+		if m.statusOnly(header) {
+			return idem.Response{Status: status, Header: http.Header{statusOnlyField: {"true"}}}, nil
 		}
 		return idem.Response{Status: status, Header: header, Body: body}, nil
 	})

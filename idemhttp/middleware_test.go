@@ -884,3 +884,53 @@ func TestAuthorizeReplay(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), e.app.runs.Load(), "a refused replay never runs the handler")
 }
+
+// TestReplayPolicy: under ReplayPublic an answer marked no-store or
+// private keeps only its status, and its retry gets 410 with it and
+// never the body; other answers replay whole. ReplayStatus keeps only
+// the status of every answer. The handler never runs twice.
+func TestReplayPolicy(t *testing.T) {
+	for _, c := range []struct {
+		policy       idemhttp.ReplayPolicy
+		cacheControl string
+		whole        bool
+	}{
+		{idemhttp.ReplayAll, "no-store", true},
+		{idemhttp.ReplayPublic, "", true},
+		{idemhttp.ReplayPublic, "max-age=60", true},
+		{idemhttp.ReplayPublic, "no-cache, No-Store", false},
+		{idemhttp.ReplayPublic, `private="Set-Cookie"`, false},
+		{idemhttp.ReplayStatus, "", false},
+	} {
+		name := fmt.Sprint(c.policy, " ", c.cacheControl)
+		e := setup(t, idemhttp.Options{Replay: c.policy})
+		e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+			if c.cacheControl != "" {
+				w.Header().Set("Cache-Control", c.cacheControl)
+			}
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, `{"secret":"sk_live_once"}`)
+		}
+		first, body := e.call("POST", "/v1/keys", "acme", pay, "key-1")
+		require.Equal(t, http.StatusCreated, first.StatusCode, name)
+		assert.Contains(t, body, "sk_live_once", "the first answer is whole: %s", name)
+		again, replayed := e.call("POST", "/v1/keys", "acme", pay, "key-1")
+		assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), name)
+		if c.whole {
+			assert.Equal(t, http.StatusCreated, again.StatusCode, name)
+			assert.Equal(t, body, replayed, name)
+		} else {
+			assert.Equal(t, http.StatusGone, again.StatusCode, name)
+			assert.Contains(t, replayed, `"original_status":201`, name)
+			assert.NotContains(t, replayed, "sk_live_once", name)
+			rec, err := e.db.Get(t.Context(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/keys", Key: "key-1"})
+			require.NoError(t, err)
+			assert.Empty(t, rec.Response.Body, "the body is never stored: %s", name)
+			assert.NotContains(t, rec.Response.Header, "Cache-Control", name)
+		}
+		assert.EqualValues(t, 1, e.app.runs.Load(), name)
+	}
+	db, _ := idemtest.Open(t, nil)
+	_, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Replay: 7})
+	assert.ErrorIs(t, err, idem.ErrInvalidOptions)
+}

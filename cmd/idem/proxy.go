@@ -43,8 +43,9 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	store.addMemory()
 	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
 	unknownStatus := fs.String("unknown-status", "", "upstream statuses after which the outcome is recorded unknown, since the upstream may or may not have acted: the answer reaches the client and retries get 409 outcome_pending until an operator resolves the key; a `LIST` like --release-status's (default none)")
+	replay := fs.String("replay", "all", replayHelp)
 	strict := fs.Bool("strict-canonical", false, "refuse a JSON or form body that cannot be canonicalized (duplicate members, NaN, deep nesting, a bare % in a form) with 400 request_body_invalid; by default its raw bytes are fingerprinted instead, so a retry must send the same bytes")
-	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status and strict_canonical; a request no route matches gets the flags' settings")
+	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status, strict_canonical and replay; a request no route matches gets the flags' settings")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz, and with an admin token the operator routes under /v1/admin/; port 0 picks a free one, empty turns it off")
 	adminf := addAdminFlags(fs)
@@ -58,7 +59,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--upstream-timeout D] [--require METHODS] [--wait D]
                   [--max-body SIZE] [--max-stored-body SIZE] [--memory SIZE]
                   [--release-status LIST] [--unknown-status LIST]
-                  [--routes FILE] [--strict-canonical] [--drain D]
+                  [--routes FILE] [--strict-canonical] [--replay all|public|status]
+                  [--drain D]
                   [--admin ADDR] [--admin-token-file FILE]
                   [--admin-read-token-file FILE] [--metrics-token-file FILE]
                   [--admin-hosts LIST] [--admin-tls-cert FILE --admin-tls-key FILE
@@ -81,7 +83,7 @@ unless --auth-check-url checks each retry's credentials first:
 `+docsURL("docs/proxy.md#checking-credentials-before-a-replay")+`
 
 --routes FILE gives route patterns settings of their own (require, ttl,
-volatile, release_status, unknown_status, strict_canonical):
+volatile, release_status, unknown_status, strict_canonical, replay):
 `+docsURL("docs/proxy.md#routes")+`
 
 Every upstream answer is recorded unless --release-status (free the key)
@@ -156,6 +158,10 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	if *drain <= 0 {
 		return usageErr("--drain %s must be positive", *drain)
 	}
+	replayPolicy, err := parseReplay(*replay)
+	if err != nil {
+		return usageErr("--replay %v", err)
+	}
 	if maxBody <= 0 {
 		return usageErr("--max-body %d must be positive", maxBody)
 	}
@@ -223,6 +229,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 		Store:           db,
 		Tenant:          tenancy.tenant,
 		AuthorizeReplay: checker.authorizeFunc(),
+		Replay:          replayPolicy,
 		Methods:         methods,
 		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,

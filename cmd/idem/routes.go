@@ -34,6 +34,8 @@ type routeSettings struct {
 	// StrictCanonical refuses a body that cannot be canonicalized, as
 	// --strict-canonical does, or with false hashes its raw bytes.
 	StrictCanonical *bool `json:"strict_canonical"`
+	// Replay is what of an answer is kept for replays, as --replay says.
+	Replay *string `json:"replay"`
 }
 
 // route is one entry of a --routes file, checked.
@@ -43,9 +45,10 @@ type route struct {
 	methods  []string      // nil: --require's; empty: no method needs a key
 	ttl      time.Duration // 0: --ttl's
 	volatile []string
-	release  *[]int // nil: --release-status's
-	unknown  *[]int // nil: --unknown-status's
-	strict   *bool  // nil: --strict-canonical's
+	release  *[]int                 // nil: --release-status's
+	unknown  *[]int                 // nil: --unknown-status's
+	strict   *bool                  // nil: --strict-canonical's
+	replay   *idemhttp.ReplayPolicy // nil: --replay's
 	h        http.Handler
 }
 
@@ -110,6 +113,24 @@ func readRoutes(file string, minTTL time.Duration) (*routeTable, error) {
 	return t, nil
 }
 
+// replayHelp is --replay's help.
+const replayHelp = "what of an upstream answer is kept for replays: all (the whole answer, replayed verbatim), " +
+	"public (only the status of an answer whose Cache-Control says no-store or private) or status (only the status, " +
+	"for answers that hold one-time secrets); a retry of an answer kept as a status gets 410 response_body_omitted with it"
+
+// parseReplay reads a --replay value.
+func parseReplay(s string) (idemhttp.ReplayPolicy, error) {
+	switch s {
+	case "all":
+		return idemhttp.ReplayAll, nil
+	case "public":
+		return idemhttp.ReplayPublic, nil
+	case "status":
+		return idemhttp.ReplayStatus, nil
+	}
+	return 0, fmt.Errorf("%q: want all, public or status", s)
+}
+
 // newRoute checks one route's settings.
 func newRoute(pattern, where string, s routeSettings, minTTL time.Duration) (*route, error) {
 	rt := &route{pattern: pattern, where: where, volatile: s.Volatile, strict: s.StrictCanonical}
@@ -124,6 +145,13 @@ func newRoute(pattern, where string, s routeSettings, minTTL time.Duration) (*ro
 			}
 			rt.methods = append(rt.methods, m)
 		}
+	}
+	if s.Replay != nil {
+		p, err := parseReplay(*s.Replay)
+		if err != nil {
+			return nil, fmt.Errorf("replay: %v", err)
+		}
+		rt.replay = &p
 	}
 	if s.TTL != "" {
 		d, err := time.ParseDuration(s.TTL)
@@ -195,6 +223,9 @@ func (t *routeTable) build(base idemhttp.Options, next http.Handler) error {
 		}
 		if rt.unknown != nil {
 			o.Outcomes.Unknown = *rt.unknown
+		}
+		if rt.replay != nil {
+			o.Replay = *rt.replay
 		}
 		if rt.strict != nil {
 			o.RawFallback = !*rt.strict

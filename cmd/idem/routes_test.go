@@ -36,6 +36,7 @@ func TestReadRoutesRefusesBadFiles(t *testing.T) {
 		{"volatile", "{\"POST /x\": {\"volatile\": [\"sent_at\"]}}", `route "POST /x": volatile: idem: CanonicalOptions.Volatile[0]`},
 		{"status", "{\"POST /x\": {\"release_status\": \"4xx,5\"}}", `route "POST /x": release_status: "5" is not a status`},
 		{"empty method", "{\"POST /x\": {\"require\": [\"\"]}}", "require: a method is empty"},
+		{"replay", "{\"POST /x\": {\"replay\": \"body\"}}", `route "POST /x": replay: "body": want all, public or status`},
 		{"trailing data", "{} {}", "routes.json:1: data after"},
 	}
 	for _, c := range cases {
@@ -112,6 +113,32 @@ func TestProxyRoutesFileErrors(t *testing.T) {
 	r = runIdem(t, "", "proxy", "--data", t.TempDir(), "--upstream", "http://x", "--routes", filepath.Join(t.TempDir(), "none.json"))
 	assert.Equal(t, 2, r.code)
 	assert.Contains(t, r.stderr, "none.json: no such file")
+}
+
+// TestProxyReplayPolicy: a route whose answers hold secrets keeps only
+// their status; its retries get 410 with it and run nothing, while other
+// routes replay whole.
+func TestProxyReplayPolicy(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u, "--routes", writeRoutes(t, `{"POST /v1/api-keys": {"replay": "status"}}`))
+	key := newKey()
+	first := send(t, "POST", p.url+"/v1/api-keys", `{}`, keyed(key)...)
+	require.Equal(t, http.StatusCreated, first.status)
+	r := send(t, "POST", p.url+"/v1/api-keys", `{}`, keyed(key)...)
+	assert.Equal(t, http.StatusGone, r.status)
+	assert.Equal(t, "response_body_omitted", r.code(t))
+	assert.Contains(t, string(r.body), `"original_status":201`)
+	assert.NotContains(t, string(r.body), string(first.body))
+	assert.Equal(t, 1, u.count(auth, key))
+
+	other := newKey()
+	first = send(t, "POST", p.url+"/v1/payments", `{}`, keyed(other)...)
+	assert.Equal(t, string(first.body), string(send(t, "POST", p.url+"/v1/payments", `{}`, keyed(other)...).body))
+
+	bad := runIdem(t, "", "proxy", "--upstream", "http://127.0.0.1:1", "--data", t.TempDir(), "--replay", "some")
+	assert.Equal(t, 2, bad.code)
+	assert.Contains(t, bad.stderr, `--replay "some": want all, public or status`)
 }
 
 // TestProxyRawFallback: a body the upstream may accept but that cannot be
