@@ -531,19 +531,16 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *idem.Record) (result string, status int) {
 	h := w.Header()
 	h.Set(idem.HeaderExpires, httpDate(rec.ExpiresAt))
-	if rec.BodyOmitted {
+	if rec.BodyOmitted || rec.Response.Header[statusOnlyField] != nil {
+		why := fmt.Sprintf("its body (%d bytes) was too large to keep", rec.BodyLen)
+		if !rec.BodyOmitted {
+			why = "only its status was kept, since its answer may hold secrets"
+		}
 		h.Set(idem.HeaderReplayed, "true")
 		h.Set(idem.HeaderBodyOmitted, "true")
 		return m.problem(w, Problem{Status: http.StatusGone, Code: idem.CodeResponseBodyOmitted, OriginalStatus: rec.Response.Status,
-			Detail: fmt.Sprintf("the request ran and answered %d, but its body (%d bytes) was too large to keep, so it cannot be sent again; "+
-				"do not repeat the operation under a new key: it would run again", rec.Response.Status, rec.BodyLen)}, 0)
-	}
-	if rec.Response.Header[statusOnlyField] != nil {
-		h.Set(idem.HeaderReplayed, "true")
-		h.Set(idem.HeaderBodyOmitted, "true")
-		return m.problem(w, Problem{Status: http.StatusGone, Code: idem.CodeResponseBodyOmitted, OriginalStatus: rec.Response.Status,
-			Detail: fmt.Sprintf("the request ran and answered %d, but only its status was kept, since its answer may hold secrets, so it cannot be sent again; "+
-				"do not repeat the operation under a new key: it would run again", rec.Response.Status)}, 0)
+			Detail: fmt.Sprintf("the request ran and answered %d, but %s, so it cannot be sent again; "+
+				"do not repeat the operation under a new key: it would run again", rec.Response.Status, why)}, 0)
 	}
 	body, decoded := rec.Response.Body, false
 	if c := contentCoding(rec.Response.Header); c != "" && !acceptsCoding(r.Header, c) {

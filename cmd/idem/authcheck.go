@@ -39,16 +39,11 @@ func newAuthChecker(s, tenantHeader string, timeout time.Duration) (*authChecker
 	if s == "" {
 		return nil, nil
 	}
-	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.Fragment != "" {
-		return nil, fmt.Errorf("--auth-check-url %q must be an http:// or https:// URL with a host, and no user or fragment", s)
+	u, err := parseAskURL(s)
+	if err != nil {
+		return nil, fmt.Errorf("--auth-check-url %v", err)
 	}
-	c := &authChecker{url: u, headers: []string{"Authorization", "Cookie"}, timeout: timeout,
-		client: &http.Client{
-			Transport: upstreamTransport(),
-			// A redirect to a login page is a refusal, not a 2xx to follow.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}}
+	c := &authChecker{url: u, headers: []string{"Authorization", "Cookie"}, timeout: timeout, client: askClient()}
 	if tenantHeader != "" {
 		c.headers = append(c.headers, tenantHeader, tenantHeader+signatureSuffix)
 	}

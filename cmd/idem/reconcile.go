@@ -106,11 +106,27 @@ func parseLookupURL(s string) (*url.URL, error) {
 	if strings.ContainsAny(s, "{}") {
 		return nil, fmt.Errorf("%q: the lookup's URL is fixed; the claim travels in the %s, %s and %s headers", s, idem.HeaderKey, headerLookupTenant, headerLookupEndpoint)
 	}
+	return parseAskURL(s)
+}
+
+// parseAskURL checks s, a URL the proxy asks the upstream at on its own
+// (a lookup, an auth check): http or https, with a host, and no user
+// information or fragment.
+func parseAskURL(s string) (*url.URL, error) {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.Fragment != "" || strings.Contains(s, "#") {
 		return nil, fmt.Errorf("%q must be an http:// or https:// URL with a host, and no user or fragment", s)
 	}
 	return u, nil
+}
+
+// askClient is the client of the proxy's own requests to the upstream. It
+// follows no redirect: a login page it led to would pass for an answer.
+func askClient() *http.Client {
+	return &http.Client{
+		Transport:     upstreamTransport(),
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }
 
 // reservedPath returns the path on target that clients must not reach
@@ -171,13 +187,7 @@ type reconciler struct {
 
 func newReconciler(u *url.URL, timeout time.Duration, maxBody int64, attempts int, log *slog.Logger) *reconciler {
 	return &reconciler{
-		url: u,
-		client: &http.Client{
-			Transport: upstreamTransport(),
-			// A redirect is not an answer: followed, a login page would
-			// pass for the operation's response.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
+		url: u, client: askClient(),
 		timeout: timeout, maxBody: maxBody, attempts: attempts, log: log,
 	}
 }
