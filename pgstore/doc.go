@@ -18,7 +18,8 @@
 // response, the lease (token and end), the attempt count and the
 // creation, update and expiry times. The schema is applied by numbered
 // migrations recorded in idem_schema_migrations; Options.Migrate can
-// forbid Open to apply them.
+// forbid Open to apply them. Both tables live in the PostgreSQL schema
+// Options.Schema names, and every statement qualifies them with it.
 //
 // # Guarantees
 //

@@ -49,7 +49,7 @@ const mine = `tenant = $1 AND endpoint = $2 AND idem_key = $3
 // nothing of the record: the lease knows what it wrote.
 const settleSQL = `
 WITH u AS (
-	UPDATE idempotency_keys SET state = $6, response_status = $7, response_headers = $8,
+	UPDATE {keys} SET state = $6, response_status = $7, response_headers = $8,
 		response_body = $9, body_len = $10, body_digest = $11, body_omitted = $12,
 		lease_until = $5, updated_at = $5
 	WHERE ` + mine + `
@@ -58,11 +58,11 @@ WITH u AS (
 SELECT CASE WHEN u.waiting THEN pg_notify($13, $14) END FROM u`
 
 const releaseSQL = `
-WITH d AS (DELETE FROM idempotency_keys WHERE ` + mine + ` RETURNING waiting)
+WITH d AS (DELETE FROM {keys} WHERE ` + mine + ` RETURNING waiting)
 SELECT CASE WHEN d.waiting THEN pg_notify($6, $7) END FROM d`
 
 const extendSQL = `
-UPDATE idempotency_keys SET lease_until = $6, updated_at = $5
+UPDATE {keys} SET lease_until = $6, updated_at = $5
 WHERE ` + mine + `
 RETURNING ` + columns
 
@@ -102,7 +102,7 @@ func (l *lease) settle(ctx context.Context, out idem.Record, e idem.Event, statu
 		body = nil
 	}
 	return l.call(ctx, func(now time.Time) error {
-		tag, err := l.q.Exec(ctx, settleSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+		tag, err := l.q.Exec(ctx, l.s.sql.settle, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
 			int16(out.State), status, hdr, body, out.BodyLen, digest, out.BodyOmitted, notifyChannel, scopeTag(l.scope))
 		if err != nil {
 			return err
@@ -122,7 +122,7 @@ func (l *lease) settle(ctx context.Context, out idem.Record, e idem.Event, statu
 // Release deletes the record, freeing the key.
 func (l *lease) Release(ctx context.Context) error {
 	return l.call(ctx, func(now time.Time) error {
-		tag, err := l.q.Exec(ctx, releaseSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+		tag, err := l.q.Exec(ctx, l.s.sql.release, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
 			notifyChannel, scopeTag(l.scope))
 		if err != nil {
 			return err
@@ -139,7 +139,7 @@ func (l *lease) Release(ctx context.Context) error {
 // Extend pushes the end of the lease one Options.Lease from now.
 func (l *lease) Extend(ctx context.Context) error {
 	return l.call(ctx, func(now time.Time) error {
-		r, err := scanRecord(l.q.QueryRow(ctx, extendSQL, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
+		r, err := scanRecord(l.q.QueryRow(ctx, l.s.sql.extend, l.scope.Tenant, l.scope.Endpoint, l.scope.Key, l.token, now,
 			l.s.leaseEnd(now)))
 		if err != nil {
 			return err

@@ -14,8 +14,8 @@ const metricsSQL = `SELECT
 	count(*) FILTER (WHERE state = 4),
 	count(*) FILTER (WHERE state = 3),
 	count(*) FILTER (WHERE expires_at <= $1),
-	pg_total_relation_size('idempotency_keys')
-FROM idempotency_keys`
+	pg_total_relation_size($2::regclass)
+FROM {keys}`
 
 // Metrics returns the event counts of this process since Open, and the
 // stored records that are not completed, expired ones included until a
@@ -42,7 +42,7 @@ func (s *Store) Metrics(ctx context.Context) (idem.Metrics, error) {
 		oldest     *time.Time
 		tableBytes int64
 	)
-	if err := s.pool.QueryRow(ctx, metricsSQL, now).Scan(&m.InProgress, &m.Overdue, &oldest,
+	if err := s.pool.QueryRow(ctx, s.sql.metrics, now, s.sql.keys).Scan(&m.InProgress, &m.Overdue, &oldest,
 		&m.UnknownRecords, &m.FailedRecords, &m.Expired, &tableBytes); err != nil {
 		return m, s.fail("metrics", err)
 	}

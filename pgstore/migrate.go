@@ -36,32 +36,38 @@ type Migration struct {
 }
 
 // Applied returns the migrations applied to the database dsn names, in
-// order, and changes nothing: none when it holds no idem schema. Errors
-// never repeat the DSN.
+// order, and changes nothing: none when it holds no idem schema. It reads
+// the schema Open finds when Options.Schema is empty. Errors never repeat
+// the DSN.
 func Applied(ctx context.Context, dsn string) ([]Migration, error) {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: connect: %w", scrub(err))
 	}
 	defer conn.Close(context.Background())
-	return appliedMigrations(ctx, conn)
+	sc, err := findSchema(ctx, conn, "")
+	if err != nil {
+		return nil, err
+	}
+	return appliedMigrations(ctx, conn, sc)
 }
 
-// migration is one step of the schema. Steps are never edited once
-// released; a change is a new step.
+// migration is one step of the schema. What a released step does never
+// changes; a change is a new step.
 type migration struct {
 	version int
 	name    string
 	sql     string
 }
 
-// migrations are the schema's steps, in order. State codes are those of
+// migrations are the schema's steps, in order, with the table written
+// as {keys}, which newSchema qualifies. State codes are those of
 // idem.State: 1 in_progress, 2 completed, 3 failed, 4 unknown. The
 // scope's columns compare bytes (COLLATE "C"), as Go compares strings,
 // whatever the database's locale.
 var migrations = []migration{
 	{1, "idempotency_keys", `
-CREATE TABLE idempotency_keys (
+CREATE TABLE {keys} (
 	tenant           text        COLLATE "C" NOT NULL,
 	endpoint         text        COLLATE "C" NOT NULL,
 	idem_key         text        COLLATE "C" NOT NULL,
@@ -81,21 +87,18 @@ CREATE TABLE idempotency_keys (
 	expires_at       timestamptz NOT NULL,
 	PRIMARY KEY (tenant, endpoint, idem_key)
 );
-CREATE INDEX idempotency_keys_expires_at ON idempotency_keys (expires_at);
-CREATE INDEX idempotency_keys_unsettled ON idempotency_keys (lease_until) WHERE state <> 2;
+CREATE INDEX idempotency_keys_expires_at ON {keys} (expires_at);
+CREATE INDEX idempotency_keys_unsettled ON {keys} (lease_until) WHERE state <> 2;
 `},
 	// waiting is set by Wait before it sleeps, and never cleared: the end
 	// of a lease notifies only when it is set (see waitSQL).
 	{2, "idempotency_keys_waiting", `
-ALTER TABLE idempotency_keys ADD COLUMN waiting boolean NOT NULL DEFAULT false;
+ALTER TABLE {keys} ADD COLUMN waiting boolean NOT NULL DEFAULT false;
 `},
 }
 
 // schemaVersion is the version this package needs.
 func schemaVersion() int { return migrations[len(migrations)-1].version }
-
-// migrationsTable records the applied versions.
-const migrationsTable = "idem_schema_migrations"
 
 // Advisory lock keys, one per purpose, shared by every replica.
 const (
@@ -105,9 +108,9 @@ const (
 
 // migrate brings the schema up to date, or checks that it is, as mode
 // says. It returns the versions it applied.
-func migrate(ctx context.Context, pool *pgxpool.Pool, mode MigrateMode) ([]int, error) {
+func migrate(ctx context.Context, pool *pgxpool.Pool, sc *schema, mode MigrateMode) ([]int, error) {
 	if mode == MigrateRefuse {
-		have, err := appliedMigrations(ctx, pool)
+		have, err := appliedMigrations(ctx, pool, sc)
 		if err != nil {
 			return nil, err
 		}
@@ -120,7 +123,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, mode MigrateMode) ([]int, 
 	for {
 		// One transaction per step, each under the lock, so a replica that
 		// waited for another sees what it applied.
-		v, err := migrateStep(ctx, pool)
+		v, err := migrateStep(ctx, pool, sc)
 		if err != nil {
 			return applied, err
 		}
@@ -133,17 +136,17 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, mode MigrateMode) ([]int, 
 
 // migrateStep applies the first missing migration in one transaction and
 // returns its version, or 0 when none is missing.
-func migrateStep(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+func migrateStep(ctx context.Context, pool *pgxpool.Pool, sc *schema) (int, error) {
 	var version int
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockMigrate); err != nil {
 			return fmt.Errorf("pgstore: lock for migration: %w", err)
 		}
-		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+migrationsTable+
+		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+sc.migrations+
 			" (version int PRIMARY KEY, name text NOT NULL)"); err != nil {
-			return fmt.Errorf("pgstore: create %s: %w", migrationsTable, err)
+			return fmt.Errorf("pgstore: create %s: %w", sc.migrations, err)
 		}
-		have, err := appliedMigrations(ctx, tx)
+		have, err := appliedMigrations(ctx, tx, sc)
 		if err != nil {
 			return err
 		}
@@ -155,10 +158,10 @@ func migrateStep(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 			if m.version != missing[0] {
 				continue
 			}
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
+			if _, err := tx.Exec(ctx, sc.fill(m.sql)); err != nil {
 				return fmt.Errorf("pgstore: migration %d (%s): %w", m.version, m.name, err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO "+migrationsTable+" (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+sc.migrations+" (version, name) VALUES ($1, $2)", m.version, m.name); err != nil {
 				return fmt.Errorf("pgstore: record migration %d: %w", m.version, err)
 			}
 			version = m.version
@@ -170,15 +173,15 @@ func migrateStep(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 
 // appliedMigrations reads the applied migrations, in order, without
 // creating anything.
-func appliedMigrations(ctx context.Context, q querier) ([]Migration, error) {
+func appliedMigrations(ctx context.Context, q querier, sc *schema) ([]Migration, error) {
 	var exists bool
-	if err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", migrationsTable).Scan(&exists); err != nil {
+	if err := q.QueryRow(ctx, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", sc.migrations).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("pgstore: read schema version: %w", err)
 	}
 	if !exists {
 		return nil, nil
 	}
-	rows, err := q.Query(ctx, "SELECT version, name FROM "+migrationsTable+" ORDER BY version")
+	rows, err := q.Query(ctx, "SELECT version, name FROM "+sc.migrations+" ORDER BY version")
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: read schema version: %w", err)
 	}

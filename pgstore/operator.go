@@ -16,7 +16,7 @@ import (
 // holds no connection, so the caller's loop may use the store.
 const listPage = 100
 
-const listSQL = `SELECT ` + listColumns + ` FROM idempotency_keys
+const listSQL = `SELECT ` + listColumns + ` FROM {keys}
 WHERE (tenant, endpoint, idem_key) > ($1, $2, $3)
 	AND ($4 = '' OR tenant = $4) AND ($5 = '' OR endpoint = $5) AND ($6 = 0 OR state = $6)
 	AND ($7::timestamptz IS NULL OR created_at < $7)
@@ -51,7 +51,7 @@ func (s *Store) Records(ctx context.Context, f idem.Filter) iter.Seq2[*idem.Reco
 				// last word.
 				before = f.CreatedBefore.Add(time.Microsecond)
 			}
-			rows, err := s.pool.Query(ctx, listSQL, after.Tenant, after.Endpoint, after.Key,
+			rows, err := s.pool.Query(ctx, s.sql.list, after.Tenant, after.Endpoint, after.Key,
 				f.Tenant, f.Endpoint, int16(f.State), before, f.Expired, now, listPage)
 			if err != nil {
 				yield(nil, s.fail("records", err))
@@ -85,7 +85,7 @@ func (s *Store) Records(ctx context.Context, f idem.Filter) iter.Seq2[*idem.Reco
 	}
 }
 
-const overdueSQL = `SELECT ` + columns + ` FROM idempotency_keys
+const overdueSQL = `SELECT ` + columns + ` FROM {keys}
 WHERE state = 1 AND lease_until <= $1 AND expires_at > $1
 ORDER BY lease_until, tenant, endpoint, idem_key
 LIMIT $2`
@@ -103,7 +103,7 @@ func (s *Store) Overdue(ctx context.Context, limit int) ([]*idem.Record, error) 
 	if limit > 0 {
 		lim = limit
 	}
-	rows, err := s.pool.Query(ctx, overdueSQL, s.now(), lim)
+	rows, err := s.pool.Query(ctx, s.sql.overdue, s.now(), lim)
 	if err != nil {
 		return nil, s.fail("overdue", err)
 	}
@@ -127,7 +127,7 @@ func (s *Store) Overdue(ctx context.Context, limit int) ([]*idem.Record, error) 
 // when the record says someone waits.
 const takeOverSQL = `
 WITH u AS (
-	UPDATE idempotency_keys SET state = 1, lease_token = $4, lease_until = $6,
+	UPDATE {keys} SET state = 1, lease_token = $4, lease_until = $6,
 		attempts = attempts + 1, updated_at = $5
 	WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $5
 		AND (state IN (3, 4) OR (state = 1 AND lease_until <= $5))
@@ -150,7 +150,7 @@ func (s *Store) TakeOver(ctx context.Context, sc idem.Scope) (idem.Lease, error)
 	for range claimRetries {
 		now := s.now()
 		token := newToken()
-		r, err := scanRecord(s.pool.QueryRow(ctx, takeOverSQL, sc.Tenant, sc.Endpoint, sc.Key, token, now,
+		r, err := scanRecord(s.pool.QueryRow(ctx, s.sql.takeOver, sc.Tenant, sc.Endpoint, sc.Key, token, now,
 			s.leaseEnd(now), notifyChannel, scopeTag(sc)), new(bool), nil)
 		if err == nil {
 			s.note(idem.EventTakenOver, &r.rec, time.Time{})
@@ -160,7 +160,7 @@ func (s *Store) TakeOver(ctx context.Context, sc idem.Scope) (idem.Lease, error)
 			return nil, s.fail("take-over", err)
 		}
 		// Say why not from the record as it is now.
-		r, err = scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
+		r, err = scanRecord(s.pool.QueryRow(ctx, s.sql.get, sc.Tenant, sc.Endpoint, sc.Key, now))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return nil, idem.ErrNotFound
@@ -180,13 +180,13 @@ func (s *Store) TakeOver(ctx context.Context, sc idem.Scope) (idem.Lease, error)
 // its end, $4 now), so two reconcilers never get the same record.
 const reconcilePickSQL = `
 WITH c AS (
-	SELECT tenant, endpoint, idem_key FROM idempotency_keys
+	SELECT tenant, endpoint, idem_key FROM {keys}
 	WHERE state = 1 AND lease_until <= $1 AND expires_at > $1
 	ORDER BY lease_until
 	LIMIT 1
 	FOR UPDATE SKIP LOCKED
 )
-UPDATE idempotency_keys k SET lease_token = $2, lease_until = $3,
+UPDATE {keys} k SET lease_token = $2, lease_until = $3,
 	attempts = k.attempts + 1, updated_at = $4
 FROM c
 WHERE k.tenant = c.tenant AND k.endpoint = c.endpoint AND k.idem_key = c.idem_key
@@ -194,7 +194,7 @@ RETURNING k.tenant, k.endpoint, k.idem_key, k.fingerprint, k.state, k.response_s
 	k.response_headers, k.response_body, k.body_len, k.body_digest, k.body_omitted,
 	k.lease_token, k.lease_until, k.attempts, k.created_at, k.updated_at, k.expires_at, k.waiting`
 
-const countOverdueSQL = `SELECT count(*) FROM idempotency_keys
+const countOverdueSQL = `SELECT count(*) FROM {keys}
 WHERE state = 1 AND lease_until <= $1 AND expires_at > $1`
 
 // Reconcile hands overdue records to Options.Reconcile, each under a
@@ -219,7 +219,7 @@ func (s *Store) Reconcile(ctx context.Context) (idem.ReconcileResult, error) {
 	now := s.now()
 	if s.opts.Reconcile == nil {
 		var n int64
-		if err := s.pool.QueryRow(ctx, countOverdueSQL, now).Scan(&n); err != nil {
+		if err := s.pool.QueryRow(ctx, s.sql.countOverdue, now).Scan(&n); err != nil {
 			return res, s.fail("reconcile", err)
 		}
 		res.Overdue = int(n)
@@ -267,7 +267,7 @@ func (s *Store) takeOverdue(ctx context.Context, pass time.Time) (*lease, error)
 			now = pass // a clock set back must not end the lease before pass
 		}
 		var waiting bool
-		r, err := scanRecord(tx.QueryRow(ctx, reconcilePickSQL, pass, newToken(), s.leaseEnd(now), now), &waiting)
+		r, err := scanRecord(tx.QueryRow(ctx, s.sql.reconcilePick, pass, newToken(), s.leaseEnd(now), now), &waiting)
 		if err != nil {
 			return err
 		}

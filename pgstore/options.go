@@ -76,6 +76,14 @@ type Options struct {
 	// Migrate says what Open does when the database schema is older than
 	// this package. Default: MigrateApply.
 	Migrate MigrateMode
+
+	// Schema is the PostgreSQL schema that holds the store's tables; it
+	// must exist. Every statement names it, so the search_path never
+	// decides which table one reaches. Default: the one schema on the
+	// search_path at Open that holds them (Open fails with
+	// ErrAmbiguousSchema when several do), or, for a new database,
+	// current_schema().
+	Schema string
 }
 
 // MigrateMode says whether Open may change the database schema.

@@ -31,6 +31,7 @@ import (
 // returns are copies the caller owns.
 type Store struct {
 	opts        Options
+	sql         *schema
 	lockTimeout string // Options.ClaimWait as a lock_timeout setting
 	pool        *pgxpool.Pool
 	listener    *listener
@@ -84,7 +85,12 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("pgstore: connect: %w", scrub(err))
 	}
-	applied, err := migrate(ctx, pool, o.Migrate)
+	sc, err := findSchema(ctx, pool, o.Schema)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	applied, err := migrate(ctx, pool, sc, o.Migrate)
 	if err != nil {
 		pool.Close()
 		return nil, scrub(err)
@@ -92,7 +98,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	if len(applied) > 0 {
 		o.Logger.Info("pgstore: applied schema migrations", "versions", applied)
 	}
-	s := &Store{opts: o, pool: pool, closing: make(chan struct{}),
+	s := &Store{opts: o, sql: sc, pool: pool, closing: make(chan struct{}),
 		lockTimeout: strconv.FormatInt(max(1, o.ClaimWait.Milliseconds()), 10) + "ms"}
 	lcfg := cfg.ConnConfig.Copy()
 	lcfg.RuntimeParams["application_name"] = listenerAppName
@@ -344,7 +350,7 @@ func encodeHeader(h http.Header) (any, error) {
 // insertFirst) answers a replay or a refusal with this one plain read,
 // which writes and locks nothing and costs the server less than a
 // statement that could also insert.
-const getSQL = `SELECT ` + columns + ` FROM idempotency_keys
+const getSQL = `SELECT ` + columns + ` FROM {keys}
 WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $4`
 
 // insertSQL claims a key that getSQL found no live record for: it inserts
@@ -357,7 +363,7 @@ WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3 AND expires_at > $4`
 // yet. The parameters are cast, since an INSERT from a SELECT does not
 // give them its columns' types.
 const insertSQL = `
-INSERT INTO idempotency_keys AS k (tenant, endpoint, idem_key, fingerprint, state,
+INSERT INTO {keys} AS k (tenant, endpoint, idem_key, fingerprint, state,
 	lease_token, lease_until, attempts, created_at, updated_at, expires_at)
 SELECT $1, $2, $3, $4::bytea, 1, $5::bytea, $6::timestamptz, 1, $7::timestamptz, $7, $8::timestamptz
 WHERE set_config('lock_timeout', $9, true) IS NOT NULL
@@ -375,7 +381,7 @@ RETURNING true`
 // retry that meets a live record writes nothing. The lock wait it bounds
 // is the same as insertSQL's.
 const tryInsertSQL = `
-INSERT INTO idempotency_keys (tenant, endpoint, idem_key, fingerprint, state,
+INSERT INTO {keys} (tenant, endpoint, idem_key, fingerprint, state,
 	lease_token, lease_until, attempts, created_at, updated_at, expires_at)
 SELECT $1, $2, $3, $4::bytea, 1, $5::bytea, $6::timestamptz, 1, $7::timestamptz, $7, $8::timestamptz
 WHERE set_config('lock_timeout', $9, true) IS NOT NULL
@@ -454,7 +460,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc idem.Scope, fp idem.Fin
 	for range claimRetries {
 		now := s.now()
 		if read {
-			r, err := scanRecord(q.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, now))
+			r, err := scanRecord(q.QueryRow(ctx, s.sql.get, sc.Tenant, sc.Endpoint, sc.Key, now))
 			if err == nil {
 				if tx == nil {
 					s.noteMet(true)
@@ -475,9 +481,9 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc idem.Scope, fp idem.Fin
 		case tx != nil:
 			err = s.insertClaimTx(ctx, tx, args)
 		case read:
-			err = s.pool.QueryRow(ctx, insertSQL, args...).Scan(new(bool))
+			err = s.pool.QueryRow(ctx, s.sql.insert, args...).Scan(new(bool))
 		default:
-			err = s.pool.QueryRow(ctx, tryInsertSQL, args...).Scan(new(bool))
+			err = s.pool.QueryRow(ctx, s.sql.tryInsert, args...).Scan(new(bool))
 		}
 		if err == nil {
 			if tx == nil {
@@ -512,7 +518,7 @@ func (s *Store) insertClaimTx(ctx context.Context, tx pgx.Tx, args []any) error 
 	b := &pgx.Batch{}
 	b.Queue("SAVEPOINT idem_claim")
 	b.Queue("SELECT current_setting('lock_timeout')")
-	b.Queue(insertSQL, args...)
+	b.Queue(s.sql.insert, args...)
 	br := tx.SendBatch(ctx, b)
 	var prev string
 	_, err := br.Exec()
@@ -564,7 +570,7 @@ func (s *Store) Get(ctx context.Context, sc idem.Scope) (*idem.Record, error) {
 	if err := s.enter(); err != nil {
 		return nil, err
 	}
-	r, err := scanRecord(s.pool.QueryRow(ctx, getSQL, sc.Tenant, sc.Endpoint, sc.Key, s.now()))
+	r, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, sc.Tenant, sc.Endpoint, sc.Key, s.now()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, idem.ErrNotFound
 	}

@@ -19,14 +19,17 @@ const sweepBatch = 1000
 // record, are skipped rather than waited for. It returns what the events
 // and the byte count need of each record, and no more.
 const sweepSQL = `
-DELETE FROM idempotency_keys
+DELETE FROM {keys}
 WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2
+	SELECT ctid FROM {keys} WHERE expires_at <= $1 LIMIT $2
 	FOR UPDATE SKIP LOCKED))
 	AND expires_at <= $1
 RETURNING tenant, endpoint, idem_key, fingerprint, state, coalesce(response_status, 0), attempts,
 	octet_length(tenant) + octet_length(endpoint) + octet_length(idem_key)
 	+ coalesce(octet_length(response_body), 0) + coalesce(octet_length(response_headers::text), 0)`
+
+// countExpiredSQL counts what a sweep is about to delete, for its progress.
+const countExpiredSQL = `SELECT count(*) FROM {keys} WHERE expires_at <= $1`
 
 // loop sweeps and reconciles every Options.SweepInterval until Close.
 func (s *Store) loop() {
@@ -106,7 +109,7 @@ func (s *Store) sweep(ctx context.Context, progress func(idem.CompactProgress)) 
 	now := s.now()
 	var total int64
 	if progress != nil {
-		if err := conn.QueryRow(ctx, "SELECT count(*) FROM idempotency_keys WHERE expires_at <= $1", now).Scan(&total); err != nil {
+		if err := conn.QueryRow(ctx, s.sql.countExpired, now).Scan(&total); err != nil {
 			return res, s.fail("sweep", err)
 		}
 		progress(idem.CompactProgress{Phase: "sweep", Total: total})
@@ -115,7 +118,7 @@ func (s *Store) sweep(ctx context.Context, progress func(idem.CompactProgress)) 
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		rows, err := conn.Query(ctx, sweepSQL, now, sweepBatch)
+		rows, err := conn.Query(ctx, s.sql.sweep, now, sweepBatch)
 		if err != nil {
 			return res, s.fail("sweep", err)
 		}

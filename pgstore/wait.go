@@ -275,7 +275,7 @@ func (s *Store) Wait(ctx context.Context, sc idem.Scope) error {
 // costs a notification per end of a lease for the rest of its life. A
 // claim that replaces an expired record keeps the mark, as any waiter
 // still asleep on it waits for that claim's lease to end too.
-const waitSQL = `UPDATE idempotency_keys SET waiting = true
+const waitSQL = `UPDATE {keys} SET waiting = true
 WHERE tenant = $1 AND endpoint = $2 AND idem_key = $3
 	AND expires_at > $4 AND state = 1 AND lease_until > $4
 RETURNING true`
@@ -284,7 +284,7 @@ RETURNING true`
 // live lease (waitSQL).
 func (s *Store) mark(ctx context.Context, sc idem.Scope) (bool, error) {
 	var held bool
-	err := s.pool.QueryRow(ctx, waitSQL, sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&held)
+	err := s.pool.QueryRow(ctx, s.sql.wait, sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&held)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
