@@ -82,8 +82,15 @@
 // though it may have committed: a retry then finds the key in progress
 // and, once its lease ends, pending reconciliation, so the operation
 // never runs twice. The pool and the listener reconnect by themselves once
-// the server is back; the first call on a connection that died while
-// idle may still fail.
+// the server is back, and no call fails then for a connection that died
+// while idle: the pool turns away a connection the server has closed
+// before writing to it (one non-blocking read), and a statement that pgx
+// says was never sent runs once more on a fresh connection. A write the
+// server refuses as read-only (SQLSTATE 25006: a primary demoted, with
+// target_session_attrs=read-write in the DSN to find the new one) is an
+// outage too: it empties the pool and runs once more on a fresh
+// connection. A statement that may have reached a server that takes
+// writes is never run again.
 //
 // # Time and clocks
 //

@@ -42,7 +42,7 @@ func (s *Store) Metrics(ctx context.Context) (idem.Metrics, error) {
 		oldest     *time.Time
 		tableBytes int64
 	)
-	if err := s.pool.QueryRow(ctx, s.sql.metrics, now, s.sql.keys).Scan(&m.InProgress, &m.Overdue, &oldest,
+	if err := s.db.QueryRow(ctx, s.sql.metrics, now, s.sql.keys).Scan(&m.InProgress, &m.Overdue, &oldest,
 		&m.UnknownRecords, &m.FailedRecords, &m.Expired, &tableBytes); err != nil {
 		return m, s.fail("metrics", err)
 	}

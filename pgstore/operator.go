@@ -51,7 +51,7 @@ func (s *Store) Records(ctx context.Context, f idem.Filter) iter.Seq2[*idem.Reco
 				// last word.
 				before = f.CreatedBefore.Add(time.Microsecond)
 			}
-			rows, err := s.pool.Query(ctx, s.sql.list, after.Tenant, after.Endpoint, after.Key,
+			rows, err := s.db.Query(ctx, s.sql.list, after.Tenant, after.Endpoint, after.Key,
 				f.Tenant, f.Endpoint, int16(f.State), before, f.Expired, now, listPage)
 			if err != nil {
 				yield(nil, s.fail("records", err))
@@ -103,7 +103,7 @@ func (s *Store) Overdue(ctx context.Context, limit int) ([]*idem.Record, error) 
 	if limit > 0 {
 		lim = limit
 	}
-	rows, err := s.pool.Query(ctx, s.sql.overdue, s.now(), lim)
+	rows, err := s.db.Query(ctx, s.sql.overdue, s.now(), lim)
 	if err != nil {
 		return nil, s.fail("overdue", err)
 	}
@@ -150,17 +150,17 @@ func (s *Store) TakeOver(ctx context.Context, sc idem.Scope) (idem.Lease, error)
 	for range claimRetries {
 		now := s.now()
 		token := newToken()
-		r, err := scanRecord(s.pool.QueryRow(ctx, s.sql.takeOver, sc.Tenant, sc.Endpoint, sc.Key, token, now,
+		r, err := scanRecord(s.db.QueryRow(ctx, s.sql.takeOver, sc.Tenant, sc.Endpoint, sc.Key, token, now,
 			s.leaseEnd(now), notifyChannel, scopeTag(sc)), new(bool), nil)
 		if err == nil {
 			s.note(idem.EventTakenOver, &r.rec, time.Time{})
-			return &lease{s: s, q: s.pool, scope: sc, token: r.token, start: now, rec: r.rec}, nil
+			return &lease{s: s, q: s.db, scope: sc, token: r.token, start: now, rec: r.rec}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, s.fail("take-over", err)
 		}
 		// Say why not from the record as it is now.
-		r, err = scanRecord(s.pool.QueryRow(ctx, s.sql.get, sc.Tenant, sc.Endpoint, sc.Key, now))
+		r, err = scanRecord(s.db.QueryRow(ctx, s.sql.get, sc.Tenant, sc.Endpoint, sc.Key, now))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return nil, idem.ErrNotFound
@@ -219,7 +219,7 @@ func (s *Store) Reconcile(ctx context.Context) (idem.ReconcileResult, error) {
 	now := s.now()
 	if s.opts.Reconcile == nil {
 		var n int64
-		if err := s.pool.QueryRow(ctx, s.sql.countOverdue, now).Scan(&n); err != nil {
+		if err := s.db.QueryRow(ctx, s.sql.countOverdue, now).Scan(&n); err != nil {
 			return res, s.fail("reconcile", err)
 		}
 		res.Overdue = int(n)
@@ -261,7 +261,7 @@ func (s *Store) takeOverdue(ctx context.Context, pass time.Time) (*lease, error)
 	// the row is picked; so pick and take over in a transaction, then
 	// notify before it commits, if the record says someone waits.
 	var out *lease
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		now := s.now()
 		if now.Before(pass) {
 			now = pass // a clock set back must not end the lease before pass
@@ -276,7 +276,7 @@ func (s *Store) takeOverdue(ctx context.Context, pass time.Time) (*lease, error)
 				return err
 			}
 		}
-		out = &lease{s: s, q: s.pool, scope: r.rec.Scope, token: r.token, start: now, rec: r.rec}
+		out = &lease{s: s, q: s.db, scope: r.rec.Scope, token: r.token, start: now, rec: r.rec}
 		return nil
 	})
 	if err != nil {

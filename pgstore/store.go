@@ -34,6 +34,7 @@ type Store struct {
 	sql         *schema
 	lockTimeout string // Options.ClaimWait as a lock_timeout setting
 	pool        *pgxpool.Pool
+	db          pooled // statements on pool
 	listener    *listener
 
 	tally     idem.Tally
@@ -74,6 +75,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 		o.Logger.Warn("pgstore: the DSN reaches a remote server without sslmode=verify-full: the connection may be plaintext or " +
 			"to an impostor, and stored answers and credentials cross it; set sslmode=verify-full and sslrootcert")
 	}
+	cfg.PrepareConn = usable
 	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "idem-pgstore"
 	}
@@ -85,7 +87,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("pgstore: connect: %w", scrub(err))
 	}
-	sc, err := findSchema(ctx, pool, o.Schema)
+	sc, err := findSchema(ctx, pooled{pool}, o.Schema)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -98,7 +100,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 	if len(applied) > 0 {
 		o.Logger.Info("pgstore: applied schema migrations", "versions", applied)
 	}
-	s := &Store{opts: o, sql: sc, pool: pool, closing: make(chan struct{}),
+	s := &Store{opts: o, sql: sc, pool: pool, db: pooled{pool}, closing: make(chan struct{}),
 		lockTimeout: strconv.FormatInt(max(1, o.ClaimWait.Milliseconds()), 10) + "ms"}
 	lcfg := cfg.ConnConfig.Copy()
 	lcfg.RuntimeParams["application_name"] = listenerAppName
@@ -124,7 +126,7 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 func (s *Store) clockOffset(ctx context.Context) (time.Duration, error) {
 	before := s.opts.Now()
 	var server time.Time
-	if err := s.pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&server); err != nil {
+	if err := s.db.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&server); err != nil {
 		return 0, err
 	}
 	after := s.opts.Now()
@@ -443,7 +445,7 @@ func (s *Store) Claim(ctx context.Context, sc idem.Scope, fp idem.Fingerprint) (
 // claim claims sc in tx, the caller's transaction, or on the pool when tx
 // is nil. The lease it grants runs on the same.
 func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc idem.Scope, fp idem.Fingerprint) (*lease, *idem.Record, error) {
-	var q querier = s.pool
+	var q querier = s.db
 	if tx != nil {
 		q = tx
 	}
@@ -481,9 +483,9 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, sc idem.Scope, fp idem.Fin
 		case tx != nil:
 			err = s.insertClaimTx(ctx, tx, args)
 		case read:
-			err = s.pool.QueryRow(ctx, s.sql.insert, args...).Scan(new(bool))
+			err = s.db.QueryRow(ctx, s.sql.insert, args...).Scan(new(bool))
 		default:
-			err = s.pool.QueryRow(ctx, s.sql.tryInsert, args...).Scan(new(bool))
+			err = s.db.QueryRow(ctx, s.sql.tryInsert, args...).Scan(new(bool))
 		}
 		if err == nil {
 			if tx == nil {
@@ -570,7 +572,7 @@ func (s *Store) Get(ctx context.Context, sc idem.Scope) (*idem.Record, error) {
 	if err := s.enter(); err != nil {
 		return nil, err
 	}
-	r, err := scanRecord(s.pool.QueryRow(ctx, s.sql.get, sc.Tenant, sc.Endpoint, sc.Key, s.now()))
+	r, err := scanRecord(s.db.QueryRow(ctx, s.sql.get, sc.Tenant, sc.Endpoint, sc.Key, s.now()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, idem.ErrNotFound
 	}

@@ -90,7 +90,7 @@ func (s *Store) InTx(ctx context.Context, sc idem.Scope, fp idem.Fingerprint,
 	if err := s.enter(); err != nil {
 		return idem.Response{}, false, err
 	}
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.db.Begin(ctx)
 	if err != nil {
 		return idem.Response{}, false, s.fail("begin", err)
 	}

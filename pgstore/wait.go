@@ -284,7 +284,7 @@ RETURNING true`
 // live lease (waitSQL).
 func (s *Store) mark(ctx context.Context, sc idem.Scope) (bool, error) {
 	var held bool
-	err := s.pool.QueryRow(ctx, s.sql.wait, sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&held)
+	err := s.db.QueryRow(ctx, s.sql.wait, sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&held)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
