@@ -84,6 +84,14 @@ type Options struct {
 	// ErrAmbiguousSchema when several do), or, for a new database,
 	// current_schema().
 	Schema string
+
+	// RequireSynchronousStandby makes Open fail with ErrNotDurable unless
+	// the server acknowledges a commit only once a synchronous standby has
+	// it (synchronous_standby_names set, synchronous_commit on,
+	// remote_write or remote_apply), so that promoting that standby loses
+	// no acknowledged claim. Either way Open logs what an acknowledged
+	// claim survives. Default: false.
+	RequireSynchronousStandby bool
 }
 
 // MigrateMode says whether Open may change the database schema.

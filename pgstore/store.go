@@ -87,6 +87,10 @@ func Open(ctx context.Context, dsn string, opts *Options) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("pgstore: connect: %w", scrub(err))
 	}
+	if err := checkDurability(ctx, pooled{pool}, o.Logger, o.RequireSynchronousStandby); err != nil {
+		pool.Close()
+		return nil, err
+	}
 	sc, err := findSchema(ctx, pooled{pool}, o.Schema)
 	if err != nil {
 		pool.Close()
