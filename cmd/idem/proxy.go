@@ -58,6 +58,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--tenant-from auth|header:NAME|none] [--tenant-secret-file FILE] [--ttl D] [--lease D]
                   [--upstream-timeout D] [--require METHODS] [--wait D]
                   [--max-body SIZE] [--max-stored-body SIZE] [--memory SIZE]
+                  [--require-sync-standby]
                   [--release-status LIST] [--unknown-status LIST]
                   [--routes FILE] [--strict-canonical] [--replay all|public|status]
                   [--drain D]

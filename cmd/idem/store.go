@@ -75,6 +75,8 @@ type storeFlags struct {
 	// memory is --memory, the embedded store's budget; set by addMemory
 	// only.
 	memory byteSize
+	// requireSync is --require-sync-standby; set by addMemory only.
+	requireSync bool
 }
 
 // addStoreFlags registers --data and --store on fs. dataHelp describes
@@ -94,8 +96,10 @@ func (s *storeFlags) addAdmin() {
 	s.token = adminTokenFlag(s.fs)
 }
 
-// addMemory registers --memory, for the proxy.
+// addMemory registers --memory and --require-sync-standby, the settings
+// of the proxy's store that the tools do not need.
 func (s *storeFlags) addMemory() {
+	s.fs.BoolVar(&s.requireSync, "require-sync-standby", false, "refuse to start unless PostgreSQL acknowledges a commit only once a synchronous standby has it, so that a failover to that standby loses no acknowledged answer (see "+docsURL("docs/postgres.md#durability")+"); --store only")
 	s.fs.Var(&s.memory, "memory", "memory the embedded store holds for itself, a `SIZE` such as 16MiB or 64MiB: its cache, write buffers and key filter share it, and the disk it keeps when empty shrinks with it. 0 sizes it for a server, about 200MiB and more. The process needs more than this: see docs/devices.md. At least 4MiB; --data only")
 }
 
@@ -155,6 +159,9 @@ func (s *storeFlags) validate() error {
 		return fmt.Errorf("--memory %s is below the smallest budget, %s", &s.memory, &least)
 	}
 	if !s.postgres() {
+		if s.requireSync {
+			return errors.New("--require-sync-standby is about PostgreSQL's standbys; it goes with --store")
+		}
 		return nil
 	}
 	if s.memory != 0 {
@@ -232,7 +239,7 @@ func (s *storeFlags) openServer(name string, o serverOptions, stderr io.Writer) 
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	db, err := pgstore.Open(ctx, s.dsn, &pgstore.Options{TTL: o.ttl, EndpointTTL: o.endpointTTL, Lease: o.lease, MaxBodyBytes: o.maxBodyBytes, Logger: o.logger, Events: events,
-		Reconcile: o.reconcile, Migrate: pgstore.MigrateApply})
+		Reconcile: o.reconcile, Migrate: pgstore.MigrateApply, RequireSynchronousStandby: s.requireSync})
 	if err != nil {
 		return nil, s.pgOpenFailed(name, err, stderr)
 	}

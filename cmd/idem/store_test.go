@@ -127,6 +127,22 @@ func TestMemoryFlagMistakes(t *testing.T) {
 	}
 }
 
+// --require-sync-standby is a usage mistake with the embedded store, and
+// refuses a PostgreSQL server without a synchronous standby.
+func TestRequireSyncStandby(t *testing.T) {
+	args := []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:1", "--require-sync-standby"}
+	r := runIdem(t, "", append(args, "--data", t.TempDir())...)
+	assert.Equal(t, 2, r.code)
+	assert.Contains(t, r.stderr, "--require-sync-standby is about PostgreSQL's standbys")
+
+	dsn := pgDSN(t)
+	r = runIdem(t, "", append(args, "--store", dsn)...)
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stderr, "can lose acknowledged claims in a failover")
+	assert.Contains(t, r.stderr, "survives a crash of this server, not its loss")
+	assertNoSecret(t, dsn, r.stderr)
+}
+
 // TestToolsOnPostgres runs the tools against seedStore's records kept in
 // PostgreSQL.
 func TestToolsOnPostgres(t *testing.T) {
