@@ -110,10 +110,8 @@ func TestRestartUnderLoad(t *testing.T) {
 // on a fresh connection; while every connection is read-only, calls fail
 // as an outage (never as a refusal) and store nothing.
 func TestReadOnlyServerIsAnOutage(t *testing.T) {
-	if !pgtest.Restartable() {
-		t.Skip("changes the server's settings: needs the throwaway cluster")
-	}
 	dsn := pgtest.DSN(t)
+	pgtest.Owned(t)
 	s := open(t, dsn, quiet(nil))
 	for _, err := range burst(t, s, "warm", 8) {
 		require.NoError(t, err)

@@ -329,6 +329,16 @@ func cannotRun(t testing.TB, format string, args ...any) {
 // IDEM_TEST_PG names.
 func Restartable() bool { return os.Getenv(EnvDSN) == "" }
 
+// Owned skips t, or fails it when IDEM_PG_REQUIRED is set, unless the
+// tests own the server: a test that changes the server's settings calls
+// it, after DSN.
+func Owned(t testing.TB) {
+	t.Helper()
+	if !Restartable() {
+		cannotRun(t, "pgtest: the test changes the settings of the server %s names", EnvDSN)
+	}
+}
+
 // Restart crashes the throwaway cluster in immediate mode and starts it
 // again (Stop, then Start): every connection is cut, committed rows
 // survive crash recovery, and it returns once the server accepts
