@@ -127,7 +127,7 @@ func (c config) maxConc() int { return slices.Max(c.concs) }
 // check reports a system that needs a server the flags do not name.
 func (c config) check() error {
 	var errs []error
-	for _, name := range []string{"postgres", "pgstore", "proxy-pg-1", "proxy-pg-2", "proxy-pg-3"} {
+	for _, name := range []string{"postgres", "postgres-days", "pgstore", "proxy-pg-1", "proxy-pg-2", "proxy-pg-3"} {
 		if slices.Contains(c.systems, name) && c.pgDSN == "" {
 			errs = append(errs, fmt.Errorf("the %s system needs -pg DSN (bench/run.sh starts a server and passes it)", name))
 		}

@@ -16,7 +16,7 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 // real server: its statements must do what the row claims, or its
 // figures mean nothing.
 func TestPostgresSystems(t *testing.T) {
-	for _, name := range []string{"postgres", "pgstore"} {
+	for _, name := range []string{"postgres", "postgres-days", "pgstore"} {
 		t.Run(name, func(t *testing.T) {
 			s, err := openers[name](env{maxConc: 4, bodies: benchBodies, pgDSN: pgtest.DSN(t)})
 			require.NoError(t, err)

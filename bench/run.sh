@@ -11,6 +11,10 @@
 # directory beside the current one (on the same disk as the embedded
 # stores, so every system syncs to the same device), removed at the end.
 # PG_PORT and REDIS_PORT choose the ports (default 55432 and 56379).
+# PG_STANDBY=sync adds a streaming standby on PG_PORT+1, made with
+# pg_basebackup and named in synchronous_standby_names, so that every
+# PostgreSQL commit waits for it: the postgres and pgstore rows then measure
+# a primary with a synchronous standby.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -24,6 +28,7 @@ tmp=$(mktemp -d "$PWD/idem-bench-servers.XXXXXX")
 # PostgreSQL may run as another user, who must reach its directory.
 chmod 755 "$tmp"
 pg_pid=""
+standby_pid=""
 redis_pid=""
 
 say() { echo "run.sh: $*" >&2; }
@@ -45,6 +50,7 @@ stop_pid() {
 cleanup() {
   # Fast shutdown for PostgreSQL (SIGINT): it rolls back open sessions and
   # stops cleanly; SIGTERM would wait for clients to leave.
+  if [ -n "$standby_pid" ]; then stop_pid "$standby_pid" INT; fi
   if [ -n "$pg_pid" ]; then stop_pid "$pg_pid" INT; fi
   if [ -n "$redis_pid" ]; then stop_pid "$redis_pid" TERM; fi
   rm -rf "$tmp"
@@ -74,7 +80,7 @@ need_apt() {
 # Debian keeps them (/usr/lib/postgresql/N/bin), which is not on PATH.
 pg_bindir() {
   if command -v initdb >/dev/null && command -v pg_ctl >/dev/null && command -v postgres >/dev/null; then
-    dirname "$(command -v postgres)"
+    dirname "$(readlink -f "$(command -v postgres)")" # a link's target holds the other tools
     return
   fi
   local d
@@ -125,6 +131,37 @@ start_postgres() {
   fi
   pg_pid=$(head -1 "$dir/data/postmaster.pid")
   say "PostgreSQL $ver started on 127.0.0.1:$pg_port (pid $pg_pid)"
+  if [ "${PG_STANDBY:-}" = sync ]; then
+    start_standby "$bin" || return 1
+  fi
+}
+
+# start_standby makes a standby of the cluster start_postgres started and
+# waits until the primary counts it as its synchronous standby.
+start_standby() {
+  local bin=$1 dir=$tmp/pg port=$((pg_port + 1))
+  if ! "${as[@]}" "$bin/pg_basebackup" -h 127.0.0.1 -p "$pg_port" -U bench -D "$dir/standby" -X stream -R \
+    --checkpoint=fast >"$dir/basebackup.log" 2>&1; then
+    say "pg_basebackup failed"; tail -5 "$dir/basebackup.log" >&2; return 1
+  fi
+  if ! "${as[@]}" "$bin/pg_ctl" -D "$dir/standby" -l "$dir/standby.log" -w -t 60 start -o \
+    "-c listen_addresses=127.0.0.1 -p $port -c unix_socket_directories=$dir -c max_connections=500 -c shared_buffers=256MB -c primary_conninfo='host=127.0.0.1 port=$pg_port user=bench application_name=bench_standby'" \
+    >"$dir/pg_ctl-standby.log" 2>&1; then
+    say "the standby did not start"; tail -5 "$dir/standby.log" >&2 || true; return 1
+  fi
+  standby_pid=$(head -1 "$dir/standby/postmaster.pid")
+  local psql=("${as[@]}" "$bin/psql" -h 127.0.0.1 -p "$pg_port" -U bench -d postgres -qAtc)
+  "${psql[@]}" "ALTER SYSTEM SET synchronous_standby_names = 'bench_standby'" >/dev/null &&
+    "${psql[@]}" "SELECT pg_reload_conf()" >/dev/null || return 1
+  for _ in $(seq 300); do
+    if [ "$("${psql[@]}" "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")" = 1 ]; then
+      say "synchronous standby started on 127.0.0.1:$port (pid $standby_pid)"
+      return 0
+    fi
+    sleep 0.1
+  done
+  say "the standby did not become synchronous in 30 s"
+  return 1
 }
 
 start_redis() {

@@ -36,14 +36,15 @@ type point struct{ x, y float64 }
 // palette gives each system one colour in every chart, so the two files
 // read alike.
 var palette = map[string]string{
-	"idem":         "#1f77b4",
-	"idem-http":    "#17becf",
-	"pebble":       "#7f7f7f",
-	"pebble-tuned": "#bcbd22",
-	"postgres":     "#2ca02c",
-	"pgstore":      "#98df8a",
-	"redis":        "#d62728",
-	"disk":         "#000000",
+	"idem":          "#1f77b4",
+	"idem-http":     "#17becf",
+	"pebble":        "#7f7f7f",
+	"pebble-tuned":  "#bcbd22",
+	"postgres":      "#2ca02c",
+	"pgstore":       "#98df8a",
+	"postgres-days": "#8c564b",
+	"redis":         "#d62728",
+	"disk":          "#000000",
 }
 
 // charts builds the throughput and p99 charts from the rows.

@@ -75,7 +75,7 @@ func newWearSources(ctx context.Context, h device.Host, cfg config, systems map[
 // usesPG reports whether system name stores its records in the -pg
 // server.
 func usesPG(name string) bool {
-	return name == "postgres" || name == "pgstore" || strings.HasPrefix(name, "proxy-pg-")
+	return name == "postgres" || name == "postgres-days" || name == "pgstore" || strings.HasPrefix(name, "proxy-pg-")
 }
 
 // locate finds the devices holding dirs, or says in noDev why there are
