@@ -111,6 +111,14 @@ type Options struct {
 	// ReplayAll.
 	Replay ReplayPolicy
 
+	// Unstored lists response header fields never stored, so never
+	// replayed: the first caller gets them, a retry does not. They carry
+	// credentials a replay would hand to whoever holds the key and the
+	// tenant, long after they were issued. Names are matched
+	// case-insensitively. Default (nil): DefaultUnstored; an empty
+	// non-nil slice stores every field.
+	Unstored []string
+
 	// AuthorizeReplay, when set, is asked before a stored answer is sent
 	// again, with the retry's request: a stored answer is served without
 	// the handler, so without it a credential revoked since the first
@@ -155,6 +163,11 @@ type Options struct {
 	Observe func(idem.Observation)
 }
 
+// DefaultUnstored are the response fields Options.Unstored names by
+// default: cookies and the fields that carry or challenge credentials.
+var DefaultUnstored = []string{"Set-Cookie", "Authorization", "Proxy-Authorization",
+	"WWW-Authenticate", "Proxy-Authenticate", "Authentication-Info", "Proxy-Authentication-Info"}
+
 // ReplayPolicy says what of a handler's answer a store keeps for replays.
 // The key deduplicates alike under every policy: retries never run the
 // handler again, and get 409 and 422 as always.
@@ -193,6 +206,7 @@ type middleware struct {
 	opts      Options
 	canonical idem.CanonicalOptions // opts.Canonical bounded by MaxRequestBytes
 	headers   []string
+	unstored  []string // Options.Unstored, canonical
 	methods   map[string]bool
 	keys      *idem.KeySyntax
 	release   map[int]bool // Outcomes.Release
@@ -252,8 +266,11 @@ func newMiddleware(o Options) (*middleware, error) {
 	if o.ProblemBase == "" {
 		o.ProblemBase = DefaultProblemBase
 	}
+	if o.Unstored == nil {
+		o.Unstored = DefaultUnstored
+	}
 	names := append([]string{o.Header}, o.Aliases...)
-	m := &middleware{opts: o, pathEndpoint: pathEndpoint, headers: canonicalNames(names), methods: map[string]bool{},
+	m := &middleware{opts: o, pathEndpoint: pathEndpoint, headers: canonicalNames(names), unstored: canonicalNames(o.Unstored), methods: map[string]bool{},
 		release: map[int]bool{}, unknown: map[int]bool{}}
 	// Two spellings of one header would make every key arrive twice, and
 	// every request a 400 for a duplicate key.
@@ -720,6 +737,10 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		}
 		if m.statusOnly(header) {
 			return idem.Response{Status: status, Header: http.Header{statusOnlyField: {"true"}}}, nil
+		}
+		for _, name := range m.unstored {
+			delete(header, name)
+			delete(header, appendPrefix+name)
 		}
 		return idem.Response{Status: status, Header: header, Body: body}, nil
 	})

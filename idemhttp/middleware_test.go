@@ -934,3 +934,41 @@ func TestReplayPolicy(t *testing.T) {
 	_, err := idemhttp.New(idemhttp.Options{Store: db, Tenant: bearer, Replay: 7})
 	assert.ErrorIs(t, err, idem.ErrInvalidOptions)
 }
+
+// Cookies and credential fields reach the first caller and are never
+// stored, unless Options.Unstored says otherwise.
+func TestUnstoredHeaders(t *testing.T) {
+	for _, c := range []struct {
+		unstored []string
+		dropped  []string
+		kept     []string
+	}{
+		{nil, []string{"Set-Cookie", "Www-Authenticate", "Authentication-Info"}, []string{"X-Charge"}},
+		{[]string{}, nil, []string{"Set-Cookie", "Www-Authenticate", "X-Charge"}},
+		{[]string{"x-charge"}, []string{"X-Charge"}, []string{"Set-Cookie"}},
+	} {
+		name := fmt.Sprint(c.unstored)
+		e := setup(t, idemhttp.Options{Unstored: c.unstored})
+		e.app.handler = func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Set-Cookie", "session=s3cr3t; HttpOnly")
+			w.Header().Set("WWW-Authenticate", `Bearer realm="pay"`)
+			w.Header().Set("Authentication-Info", `nextnonce="abc"`)
+			w.Header().Set("X-Charge", "ch_1")
+			w.WriteHeader(http.StatusCreated)
+		}
+		first, _ := e.call("POST", "/v1/payments", "acme", pay, "key-1")
+		require.Equal(t, http.StatusCreated, first.StatusCode, name)
+		assert.Equal(t, "session=s3cr3t; HttpOnly", first.Header.Get("Set-Cookie"), "the first caller gets every field: %s", name)
+		again, _ := e.call("POST", "/v1/payments", "acme", pay, "key-1")
+		require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), name)
+		rec, err := e.db.Get(t.Context(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/payments", Key: "key-1"})
+		require.NoError(t, err)
+		for _, f := range c.dropped {
+			assert.Empty(t, again.Header.Values(f), "%s replayed: %s", f, name)
+			assert.NotContains(t, rec.Response.Header, f, "%s stored: %s", f, name)
+		}
+		for _, f := range c.kept {
+			assert.Equal(t, first.Header.Values(f), again.Header.Values(f), "%s: %s", f, name)
+		}
+	}
+}

@@ -44,6 +44,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
 	unknownStatus := fs.String("unknown-status", "", "upstream statuses after which the outcome is recorded unknown, since the upstream may or may not have acted: the answer reaches the client and retries get 409 outcome_pending until an operator resolves the key; a `LIST` like --release-status's (default none)")
 	replay := fs.String("replay", "all", replayHelp)
+	unstored := fs.String("unstored-headers", strings.Join(idemhttp.DefaultUnstored, ","), "comma-separated upstream response header fields never stored, so never replayed: the first caller gets them, a retry does not; empty stores every field (see "+docsURL("README.md#security")+")")
 	strict := fs.Bool("strict-canonical", false, "refuse a JSON or form body that cannot be canonicalized (duplicate members, NaN, deep nesting, a bare % in a form) with 400 request_body_invalid; by default its raw bytes are fingerprinted instead, so a retry must send the same bytes")
 	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status, strict_canonical and replay; a request no route matches gets the flags' settings")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
@@ -61,6 +62,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--require-sync-standby]
                   [--release-status LIST] [--unknown-status LIST]
                   [--routes FILE] [--strict-canonical] [--replay all|public|status]
+                  [--unstored-headers LIST]
                   [--drain D]
                   [--admin ADDR] [--admin-token-file FILE]
                   [--admin-read-token-file FILE] [--metrics-token-file FILE]
@@ -163,6 +165,12 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	if err != nil {
 		return usageErr("--replay %v", err)
 	}
+	unstoredNames := []string{} // non-nil: empty stores every field
+	for name := range strings.SplitSeq(*unstored, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			unstoredNames = append(unstoredNames, name)
+		}
+	}
 	if maxBody <= 0 {
 		return usageErr("--max-body %d must be positive", maxBody)
 	}
@@ -190,6 +198,9 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	rc, err := reconcile.reconciler(timeout, int64(maxStored), log, stderr)
 	if err != nil {
 		return usageErr("%v", err)
+	}
+	if rc != nil {
+		rc.unstored = unstoredNames
 	}
 	checker, err := newAuthChecker(*authCheck, tenancy.header, timeout)
 	if err != nil {
@@ -231,6 +242,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 		Tenant:          tenancy.tenant,
 		AuthorizeReplay: checker.authorizeFunc(),
 		Replay:          replayPolicy,
+		Unstored:        unstoredNames,
 		Methods:         methods,
 		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,

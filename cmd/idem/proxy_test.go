@@ -104,6 +104,11 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 	case "/error":
 		http.Error(w, "upstream broke", http.StatusInternalServerError)
 		return
+	case "/login":
+		w.Header().Set("Set-Cookie", fmt.Sprintf("session=s%d", run))
+		w.Header().Set("X-Trace", fmt.Sprintf("t%d", run))
+		w.WriteHeader(http.StatusCreated)
+		return
 	case "/status":
 		if o := r.Header.Get("X-Outcome"); o != "" {
 			w.Header().Set("Idempotency-Outcome", o)
@@ -711,6 +716,36 @@ func TestProxyTenantFrom(t *testing.T) {
 	assert.Contains(t, none.stderr.String(), "--tenant-from none: all callers share one key space and each other's stored responses")
 	require.Equal(t, 0, byHeader.stop())
 	assert.NotContains(t, byHeader.stderr.String(), "share")
+}
+
+// TestProxyUnstoredHeaders: the first caller gets the upstream's cookie, a
+// replay does not, and --unstored-headers changes which fields stay out.
+func TestProxyUnstoredHeaders(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	for _, c := range []struct {
+		name          string
+		args          []string
+		cookie, trace bool // replayed
+	}{
+		{"default", nil, false, true},
+		{"chosen", []string{"--unstored-headers", "x-trace"}, true, false},
+		{"none", []string{"--unstored-headers", ""}, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := startProxy(t, u, c.args...)
+			key := newKey()
+			first := send(t, "POST", p.url+"/login", `{}`, keyed(key)...)
+			require.Equal(t, http.StatusCreated, first.status)
+			require.NotEmpty(t, first.header.Get("Set-Cookie"))
+			require.NotEmpty(t, first.header.Get("X-Trace"))
+			r := send(t, "POST", p.url+"/login", `{}`, keyed(key)...)
+			require.Equal(t, "true", r.header.Get("Idempotent-Replayed"))
+			assert.Equal(t, c.cookie, r.header.Get("Set-Cookie") != "", "Set-Cookie replayed")
+			assert.Equal(t, c.trace, r.header.Get("X-Trace") != "", "X-Trace replayed")
+			assert.Equal(t, 1, u.count(auth, key))
+		})
+	}
 }
 
 func TestProxyUsage(t *testing.T) {

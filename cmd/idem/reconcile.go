@@ -181,7 +181,8 @@ type reconciler struct {
 	client   *http.Client
 	timeout  time.Duration
 	maxBody  int64
-	attempts int // unanswered lookups before the outcome is recorded unknown; 0: no bound
+	attempts int      // unanswered lookups before the outcome is recorded unknown; 0: no bound
+	unstored []string // response fields a stored answer never keeps, as --unstored-headers says
 	log      *slog.Logger
 }
 
@@ -295,7 +296,11 @@ func (rc *reconciler) lookup(ctx context.Context, sc idem.Scope) (verdict, idem.
 	if int64(len(body)) > rc.maxBody {
 		return undecided, idem.Response{}, fmt.Errorf("lookup: the answer's body is over --max-stored-body (%d bytes), so it cannot be stored", rc.maxBody)
 	}
-	return found, idem.Response{Status: status, Header: lookupHeader(resp.Header), Body: body}, nil
+	header := lookupHeader(resp.Header)
+	for _, name := range rc.unstored {
+		header.Del(name)
+	}
+	return found, idem.Response{Status: status, Header: header, Body: body}, nil
 }
 
 // lookupHeader is the part of a lookup's header that a replay sends: not

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -88,6 +89,27 @@ func TestLookupHeader(t *testing.T) {
 		"Idempotency-Key": {"k"}, "Idempotent-Replayed": {"true"}, "Idempotency-Outcome": {"store"}, "Idempotency-Original-Status": {"201"},
 	}
 	assert.Equal(t, http.Header{"Content-Type": {"application/json"}, "X-Request-Id": {"r1"}, "Set-Cookie": {"a=1", "b=2"}}, lookupHeader(h))
+}
+
+// TestLookupUnstored: an answer found by a lookup is stored without the
+// fields --unstored-headers names, as the upstream's own answer would be.
+func TestLookupUnstored(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Set-Cookie", "session=s1")
+		w.Header().Set("X-Trace", "t1")
+		io.WriteString(w, "found")
+	}))
+	t.Cleanup(srv.Close)
+	lu, err := parseLookupURL(srv.URL + "/lookup")
+	require.NoError(t, err)
+	rc := newReconciler(lu, 5*time.Second, 1<<20, 0, slog.New(slog.DiscardHandler))
+	rc.unstored = []string{"set-cookie"}
+	v, resp, err := rc.lookup(t.Context(), idem.Scope{Tenant: "t", Endpoint: "POST /x", Key: "k"})
+	require.NoError(t, err)
+	require.Equal(t, found, v)
+	assert.Empty(t, resp.Header.Values("Set-Cookie"))
+	assert.Equal(t, "t1", resp.Header.Get("X-Trace"))
+	assert.Equal(t, "found", string(resp.Body))
 }
 
 // lookupToken is the token the tests' lookups carry.
