@@ -42,6 +42,8 @@ const (
 	CodeURITooLong       = "uri_too_long"            // 414, the endpoint is too long to store
 	CodeStoreUnavailable = "store_unavailable"       // 503
 	CodeClockBehind      = "clock_behind"            // 503, with Retry-After: the server's clock must be put right; retry with the same key
+	CodeRateLimited      = "rate_limited"            // 429, with Retry-After: the tenant makes new keys too fast; nothing was stored
+	CodeStoreFull        = "store_full"              // 507, with Retry-After: no room for new keys; nothing was stored
 
 	// CodeResponseBodyOmitted answers a replay whose stored body was too
 	// large to keep: 410, with the original status as original_status. The

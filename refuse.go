@@ -21,7 +21,10 @@ type Refusal struct {
 // words and the delays are the same everywhere. A store failure, and any
 // error Refuse does not know, is store_unavailable.
 func Refuse(err error, noun string) Refusal {
-	var ke *KeyError
+	var (
+		ke *KeyError
+		le *LimitError
+	)
 	switch {
 	case errors.Is(err, ErrFingerprintMismatch):
 		return Refusal{Code: CodeKeyReuse,
@@ -44,6 +47,12 @@ func Refuse(err error, noun string) Refusal {
 	case errors.Is(err, ErrClockBehind):
 		return Refusal{Code: CodeClockBehind, RetryAfter: ClockBehindRetry,
 			Detail: "the server's clock is behind the time its idempotency store last recorded, so nothing runs until the clock is right; retry with the same key"}
+	case errors.Is(err, ErrRateLimited) && errors.As(err, &le):
+		return Refusal{Code: CodeRateLimited, RetryAfter: le.RetryAfter,
+			Detail: "too many " + noun + "s with new idempotency keys from this account; nothing was recorded: retry after the delay, with the same key"}
+	case errors.Is(err, ErrStoreFull) && errors.As(err, &le):
+		return Refusal{Code: CodeStoreFull, RetryAfter: le.RetryAfter,
+			Detail: "the idempotency store has no room for new keys now; nothing was recorded: retry after the delay, with the same key"}
 	case errors.Is(err, ErrNoTenant):
 		return Refusal{Code: CodeTenantMissing,
 			Detail: "the " + noun + " carries no credential this service accepts, so its idempotency key has no account to belong to; nothing was recorded"}
@@ -60,7 +69,8 @@ func Refuse(err error, noun string) Refusal {
 // rather than the contract's answer, and so worth logging.
 func storeFailure(err error) bool {
 	var ke *KeyError
-	return !errors.As(err, &ke) && !errors.Is(err, ErrInvalidScope) && !errors.Is(err, ErrClockBehind)
+	var le *LimitError
+	return !errors.As(err, &ke) && !errors.As(err, &le) && !errors.Is(err, ErrInvalidScope) && !errors.Is(err, ErrClockBehind)
 }
 
 // pendingOutcome says what became of the earlier attempt behind an

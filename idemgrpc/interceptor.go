@@ -245,6 +245,8 @@ func (m *interceptor) refuse(err error) error {
 		c = codes.InvalidArgument
 	case idem.CodeTenantMissing:
 		c = codes.Unauthenticated
+	case idem.CodeRateLimited, idem.CodeStoreFull:
+		c = codes.ResourceExhausted
 	}
 	return m.problem(c, rf.Code, rf.Detail, rf.RetryAfter, nil)
 }

@@ -533,6 +533,10 @@ func (m *middleware) refuse(w http.ResponseWriter, err error) (result string, st
 		status = http.StatusBadRequest
 	case idem.CodeTenantMissing:
 		status = http.StatusUnauthorized
+	case idem.CodeRateLimited:
+		status = http.StatusTooManyRequests
+	case idem.CodeStoreFull:
+		status = http.StatusInsufficientStorage
 	}
 	return m.problem(w, Problem{Status: status, Code: rf.Code, Detail: rf.Detail}, rf.RetryAfter)
 }

@@ -84,7 +84,10 @@ type memRecord struct {
 	token uint64
 }
 
-var _ idem.Operator = (*MemStore)(nil)
+var (
+	_ idem.Operator = (*MemStore)(nil)
+	_ idem.Sizer    = (*MemStore)(nil)
+)
 
 // NewMemStore returns an empty store. It validates opts as the real
 // stores do: its error lists every bad field and matches
@@ -515,6 +518,24 @@ func (m *MemStore) Compact(ctx context.Context, progress func(idem.CompactProgre
 		progress(idem.CompactProgress{Phase: "sweep", Done: int64(res.Records), Total: total})
 	}
 	return res, nil
+}
+
+// Size is what the records hold beyond their fixed fields, as Sweep counts
+// them; memory has no disk, so FreeBytes is -1.
+func (m *MemStore) Size(ctx context.Context) (idem.StoreSize, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.StoreSize{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enterLocked(); err != nil {
+		return idem.StoreSize{}, err
+	}
+	sz := idem.StoreSize{FreeBytes: -1}
+	for _, r := range m.recs {
+		sz.Bytes += recordBytes(&r.rec)
+	}
+	return sz, nil
 }
 
 // Metrics returns the event counts since NewMemStore and the stored

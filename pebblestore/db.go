@@ -41,6 +41,7 @@ const schemaVersion = 3
 // callers need only Claim and the Lease it returns.
 type Store struct {
 	opts    Options
+	dir     string
 	pdb     *pebble.DB
 	wal     *walfs.FS
 	lock    *pebble.Lock
@@ -186,7 +187,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("idem: open %s: %w", dir, err)
 	}
 	wal.SetLive(true)
-	db := &Store{opts: o, pdb: pdb, wal: wal, lock: lock, stop: make(chan struct{})}
+	db := &Store{opts: o, dir: dir, pdb: pdb, wal: wal, lock: lock, stop: make(chan struct{})}
 	db.commits = commit.New(pdb, yield, int(size.memTable/4), db.clock.stamp)
 	db.rows = rows.New(pdb, db.commits, db.stop, size.filter)
 	err = db.checkSchema()

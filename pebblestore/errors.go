@@ -18,4 +18,7 @@ var (
 )
 
 // The embedded store is a full backend of the contract.
-var _ idem.Operator = (*Store)(nil)
+var (
+	_ idem.Operator = (*Store)(nil)
+	_ idem.Sizer    = (*Store)(nil)
+)

@@ -10,6 +10,23 @@ import (
 	"github.com/idemkv/idem/internal/rows"
 )
 
+// Size returns the room the store's files take and the room left on their
+// disk, for idem.Limits' guard: cheap enough to read every second.
+func (db *Store) Size(ctx context.Context) (idem.StoreSize, error) {
+	if err := ctx.Err(); err != nil {
+		return idem.StoreSize{}, err
+	}
+	if err := db.enter(); err != nil {
+		return idem.StoreSize{}, err
+	}
+	defer db.exit()
+	sz := idem.StoreSize{Bytes: int64(db.pdb.Metrics().DiskSpaceUsage()), FreeBytes: -1}
+	if du, err := db.opts.fs.GetDiskUsage(db.dir); err == nil {
+		sz.FreeBytes = int64(du.AvailBytes)
+	}
+	return sz, nil
+}
+
 // Metrics returns a snapshot of the contract's counters and Pebble's own
 // figures. Its cost grows with the number of records that are not
 // completed or have expired unswept (it reads the pending index and the

@@ -17,6 +17,20 @@ const metricsSQL = `SELECT
 	pg_total_relation_size($2::regclass)
 FROM {keys}`
 
+// Size returns the room the records' table takes, its indexes and TOAST
+// included, for idem.Limits' guard; the server's disk is not pgstore's to
+// see, so FreeBytes is -1.
+func (s *Store) Size(ctx context.Context) (idem.StoreSize, error) {
+	if err := s.enter(); err != nil {
+		return idem.StoreSize{}, err
+	}
+	sz := idem.StoreSize{FreeBytes: -1}
+	if err := s.db.QueryRow(ctx, "SELECT pg_total_relation_size($1::regclass)", s.sql.keys).Scan(&sz.Bytes); err != nil {
+		return sz, s.fail("size", err)
+	}
+	return sz, nil
+}
+
 // Metrics returns the event counts of this process since Open, and the
 // stored records that are not completed, expired ones included until a
 // sweep deletes them, counted over the whole table (every replica's). The

@@ -48,7 +48,10 @@ type Store struct {
 	closeErr  error
 }
 
-var _ idem.Operator = (*Store)(nil)
+var (
+	_ idem.Operator = (*Store)(nil)
+	_ idem.Sizer    = (*Store)(nil)
+)
 
 // querier runs statements: the pool, or one transaction.
 type querier interface {
