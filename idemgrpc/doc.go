@@ -84,6 +84,8 @@
 //	                                     RetryInfo
 //	the server's clock is behind the     Unavailable +        clock_behind             yes, same key, after the delay
 //	store's newest time                  RetryInfo
+//	a new key over idem.Limit's rate,    ResourceExhausted +  rate_limited, store_full yes, same key, after the delay
+//	or the store over its size bound     RetryInfo
 //	the call ran, its outcome was not    Unavailable +        store_unavailable        yes, same key: it will not run twice
 //	stored                               RetryInfo
 //

@@ -281,6 +281,23 @@ func TestStoreDown(t *testing.T) {
 	assert.Zero(t, e.runs.Load(), "nothing runs without a claim")
 }
 
+// TestClaimRateIsResourceExhausted: a new key over idem.Limit's rate is
+// refused with ResourceExhausted rate_limited and a retry delay, and runs
+// nothing, while a retry of the stored call replays.
+func TestClaimRateIsResourceExhausted(t *testing.T) {
+	store, err := idem.Limit(memStore(t, nil), idem.Limits{ClaimRate: 0.001})
+	require.NoError(t, err)
+	e := setup(t, idemgrpc.Options{Store: store})
+	_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "k1")
+	require.NoError(t, err)
+	_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "k2")
+	st := refused(t, err, codes.ResourceExhausted, idem.CodeRateLimited)
+	require.NotNil(t, retryInfo(st))
+	_, _, err = e.call(t, payMethod, "acme", payment(t, 42), "k1")
+	require.NoError(t, err, "the retry replays")
+	assert.Equal(t, int64(1), e.runs.Load())
+}
+
 // failingComplete is a store whose leases cannot record a completion.
 type failingComplete struct{ idem.Store }
 

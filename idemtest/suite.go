@@ -1,6 +1,7 @@
 package idemtest
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -62,6 +63,33 @@ func TestStore(t *testing.T, limits Limits, open func(t *testing.T, now func() t
 	if isOp {
 		t.Run("operator", su.testOperator)
 	}
+	if _, ok := open(t, NewClock().Now).(idem.Sizer); ok {
+		t.Run("size", su.testSize)
+	}
+}
+
+// testSize checks a Sizer's figures and that idem.Limit's size guard, on
+// them, refuses new keys while everything else goes on.
+func (su *suite) testSize(t *testing.T) {
+	e := su.env(t)
+	e.complete(scope("stored"), fingerprint("a"), idem.Response{Status: 201, Body: bytes.Repeat([]byte("x"), 4096)})
+	running := e.claim(scope("running"), fingerprint("a"))
+	sz, err := e.store.(idem.Sizer).Size(t.Context())
+	require.NoError(t, err)
+	assert.Positive(t, sz.Bytes, "a store with records takes room")
+	assert.GreaterOrEqual(t, sz.FreeBytes, int64(-1))
+
+	full, err := idem.Limit(e.store, idem.Limits{MaxStoreBytes: sz.Bytes - 1, Now: e.clock.Now})
+	require.NoError(t, err)
+	_, _, err = full.Claim(t.Context(), scope("new"), fingerprint("a"))
+	require.ErrorIs(t, err, idem.ErrStoreFull)
+	e.absent(scope("new"))
+	_, rec, err := full.Claim(t.Context(), scope("stored"), fingerprint("a"))
+	require.NoError(t, err, "a full store replays")
+	assert.Len(t, rec.Response.Body, 4096)
+	_, _, err = full.Claim(t.Context(), scope("running"), fingerprint("a"))
+	keyErr(t, err, idem.ErrInProgress, idem.StateInProgress)
+	assert.NoError(t, running.Complete(t.Context(), idem.Response{Status: 200}), "a claim in flight completes")
 }
 
 // Bounds on the suite's waits. blockCheck is how long it watches for a

@@ -44,9 +44,16 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
 	unknownStatus := fs.String("unknown-status", "", "upstream statuses after which the outcome is recorded unknown, since the upstream may or may not have acted: the answer reaches the client and retries get 409 outcome_pending until an operator resolves the key; a `LIST` like --release-status's (default none)")
 	replay := fs.String("replay", "all", replayHelp)
+	claimRate := fs.Float64("claim-rate", 0, claimRateHelp)
+	claimBurst := fs.Int("claim-burst", 0, "new keys one tenant may claim at once before --claim-rate paces it (default: the rate, rounded up)")
+	claimPerEndpoint := fs.Bool("claim-per-endpoint", false, "give each endpoint of a tenant a --claim-rate bucket of its own")
+	var maxStoreSize byteSize
+	fs.Var(&maxStoreSize, "max-store-size", "largest the store may grow, a `SIZE` (the files under --data, or with --store the table with its indexes): above it a new key gets 507 store_full with Retry-After while replays and claims already running go on (default 0: no bound; see "+docsURL("docs/problems.md#store_full")+")")
+	minFreeDisk := byteSize(defaultMinFreeDisk)
+	fs.Var(&minFreeDisk, "min-free-disk", "with --data, the room the disk must keep free, a `SIZE`: below it a new key gets 507 store_full, since a write the full disk refuses ends the process; 0 turns the check off")
 	unstored := fs.String("unstored-headers", strings.Join(idemhttp.DefaultUnstored, ","), "comma-separated upstream response header fields never stored, so never replayed: the first caller gets them, a retry does not; empty stores every field (see "+docsURL("README.md#security")+")")
 	strict := fs.Bool("strict-canonical", false, "refuse a JSON or form body that cannot be canonicalized (duplicate members, NaN, deep nesting, a bare % in a form) with 400 request_body_invalid; by default its raw bytes are fingerprinted instead, so a retry must send the same bytes")
-	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status, strict_canonical and replay; a request no route matches gets the flags' settings")
+	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status, strict_canonical, replay, claim_rate and claim_burst; a request no route matches gets the flags' settings")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz, and with an admin token the operator routes under /v1/admin/; port 0 picks a free one, empty turns it off")
 	adminf := addAdminFlags(fs)
@@ -63,6 +70,8 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--release-status LIST] [--unknown-status LIST]
                   [--routes FILE] [--strict-canonical] [--replay all|public|status]
                   [--unstored-headers LIST]
+                  [--claim-rate R [--claim-burst N] [--claim-per-endpoint]]
+                  [--max-store-size SIZE] [--min-free-disk SIZE]
                   [--drain D]
                   [--admin ADDR] [--admin-token-file FILE]
                   [--admin-read-token-file FILE] [--metrics-token-file FILE]
@@ -171,6 +180,14 @@ Full reference: `+docsURL("docs/proxy.md")+`
 			unstoredNames = append(unstoredNames, name)
 		}
 	}
+	limits := idem.Limits{ClaimRate: *claimRate, ClaimBurst: *claimBurst, PerEndpoint: *claimPerEndpoint,
+		MaxStoreBytes: int64(maxStoreSize), MinFreeBytes: int64(minFreeDisk)}
+	if err := checkLimits(limits, "--claim-rate", "--claim-burst"); err != nil {
+		return usageErr("%v", err)
+	}
+	if limits.ClaimBurst > 0 && limits.ClaimRate == 0 {
+		return usageErr("--claim-burst needs --claim-rate")
+	}
 	if maxBody <= 0 {
 		return usageErr("--max-body %d must be positive", maxBody)
 	}
@@ -252,7 +269,12 @@ Full reference: `+docsURL("docs/proxy.md")+`
 		Logger:          log,
 		Observe:         adm.observer.Observe,
 	}
-	mw, err := idemhttp.New(base)
+	fallback := base
+	if fallback.Store, err = idem.Limit(db, limits); err != nil {
+		db.Close()
+		return usageErr("%v", err)
+	}
+	mw, err := idemhttp.New(fallback)
 	if err != nil {
 		db.Close()
 		return usageErr("%v", err)
@@ -260,7 +282,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	forward := newProxyHandler(target, timeout, *problemBase, log)
 	protected := mw(forward)
 	if routes != nil {
-		if err := routes.build(base, forward); err != nil {
+		if err := routes.build(base, limits, forward); err != nil {
 			db.Close()
 			fmt.Fprintf(stderr, "idem proxy: --routes %v\n", err)
 			return 2

@@ -748,6 +748,71 @@ func TestProxyUnstoredHeaders(t *testing.T) {
 	}
 }
 
+// TestProxyClaimRate: over --claim-rate a new key gets 429 and reaches no
+// upstream, while a retry of a stored key replays and another tenant goes
+// on; a route's claim_rate gives it buckets of its own.
+func TestProxyClaimRate(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	p := startProxy(t, u, "--claim-rate", "0.001", "--claim-burst", "2",
+		"--routes", writeRoutes(t, `{"POST /v1/refunds": {"claim_rate": 0.001, "claim_burst": 1}}`))
+	first, second := newKey(), newKey()
+	require.Equal(t, http.StatusCreated, send(t, "POST", p.url+"/v1/payments", `{}`, keyed(first)...).status)
+	require.Equal(t, http.StatusCreated, send(t, "POST", p.url+"/v1/payments", `{}`, keyed(second)...).status)
+
+	third := newKey()
+	r := send(t, "POST", p.url+"/v1/payments", `{}`, keyed(third)...)
+	assert.Equal(t, http.StatusTooManyRequests, r.status)
+	assert.Equal(t, "rate_limited", r.code(t))
+	assert.NotEmpty(t, r.header.Get("Retry-After"))
+	assert.Zero(t, u.count(auth, third))
+
+	replay := send(t, "POST", p.url+"/v1/payments", `{}`, keyed(first)...)
+	assert.Equal(t, http.StatusCreated, replay.status)
+	assert.Equal(t, "true", replay.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, http.StatusUnprocessableEntity, send(t, "POST", p.url+"/v1/payments", `{"other":1}`, keyed(first)...).status)
+
+	other := send(t, "POST", p.url+"/v1/payments", `{}`, "Idempotency-Key", third, "Authorization", "Bearer sk_test_bob")
+	assert.Equal(t, http.StatusCreated, other.status, "another tenant is not slowed")
+
+	refund := newKey()
+	assert.Equal(t, http.StatusCreated, send(t, "POST", p.url+"/v1/refunds", `{}`, keyed(refund)...).status, "the route has its own bucket")
+	assert.Equal(t, http.StatusTooManyRequests, send(t, "POST", p.url+"/v1/refunds", `{}`, keyed(newKey())...).status)
+	assert.Equal(t, 1, u.count(auth, first))
+}
+
+// TestProxyStoreFull: over --max-store-size a new key gets 507 and reaches
+// no upstream, and a key stored before still replays.
+func TestProxyStoreFull(t *testing.T) {
+	u := newUpstream(t)
+	u.Start()
+	dir := t.TempDir()
+	key := newKey()
+	p := startProxy(t, u, "--data", dir)
+	first := send(t, "POST", p.url+"/v1/payments", `{}`, keyed(key)...)
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Zero(t, p.stop())
+
+	p = startProxy(t, u, "--data", dir, "--max-store-size", "1")
+	fresh := newKey()
+	r := send(t, "POST", p.url+"/v1/payments", `{}`, keyed(fresh)...)
+	assert.Equal(t, http.StatusInsufficientStorage, r.status)
+	assert.Equal(t, "store_full", r.code(t))
+	assert.Equal(t, "30", r.header.Get("Retry-After"))
+	assert.Zero(t, u.count(auth, fresh))
+	replay := send(t, "POST", p.url+"/v1/payments", `{}`, keyed(key)...)
+	assert.Equal(t, http.StatusCreated, replay.status)
+	assert.Equal(t, string(first.body), string(replay.body))
+	assert.Equal(t, 1, u.count(auth, key))
+
+	bad := runIdem(t, "", "proxy", "--upstream", u.URL, "--data", t.TempDir(), "--claim-burst", "3")
+	assert.Equal(t, 2, bad.code)
+	assert.Contains(t, bad.stderr, "--claim-burst needs --claim-rate")
+	bad = runIdem(t, "", "proxy", "--upstream", u.URL, "--data", t.TempDir(), "--routes", writeRoutes(t, `{"POST /x": {"claim_rate": -1}}`))
+	assert.Equal(t, 2, bad.code)
+	assert.Contains(t, bad.stderr, "claim_rate -1 must be a positive number")
+}
+
 func TestProxyUsage(t *testing.T) {
 	cases := []struct {
 		name   string

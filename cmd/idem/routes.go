@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -36,6 +37,10 @@ type routeSettings struct {
 	StrictCanonical *bool `json:"strict_canonical"`
 	// Replay is what of an answer is kept for replays, as --replay says.
 	Replay *string `json:"replay"`
+	// ClaimRate and ClaimBurst give the route buckets of its own, as
+	// --claim-rate and --claim-burst say.
+	ClaimRate  *float64 `json:"claim_rate"`
+	ClaimBurst *int     `json:"claim_burst"`
 }
 
 // route is one entry of a --routes file, checked.
@@ -49,6 +54,8 @@ type route struct {
 	unknown  *[]int                 // nil: --unknown-status's
 	strict   *bool                  // nil: --strict-canonical's
 	replay   *idemhttp.ReplayPolicy // nil: --replay's
+	rate     *float64               // nil: --claim-rate's
+	burst    *int                   // nil: --claim-burst's
 	h        http.Handler
 }
 
@@ -113,6 +120,27 @@ func readRoutes(file string, minTTL time.Duration) (*routeTable, error) {
 	return t, nil
 }
 
+// claimRateHelp is --claim-rate's help.
+const claimRateHelp = "new idempotency keys a second one tenant may claim: over it a new key gets 429 rate_limited with Retry-After " +
+	"and nothing runs, while a retry of a key that exists always gets its answer; a route's claim_rate gives it buckets of its own. " +
+	"The limit is this process's: N proxies on one --store allow N times it (default 0: no limit)"
+
+// defaultMinFreeDisk is --min-free-disk's default: room for the flushes
+// and compactions that follow the last claims let in.
+const defaultMinFreeDisk = 64 << 20
+
+// checkLimits checks a claim rate and burst, named by the flags or the
+// route members they came from.
+func checkLimits(o idem.Limits, rate, burst string) error {
+	switch {
+	case o.ClaimRate < 0 || math.IsNaN(o.ClaimRate) || math.IsInf(o.ClaimRate, 0):
+		return fmt.Errorf("%s %v must be a positive number of keys a second, or 0 for no limit", rate, o.ClaimRate)
+	case o.ClaimBurst < 0:
+		return fmt.Errorf("%s %d must not be negative", burst, o.ClaimBurst)
+	}
+	return nil
+}
+
 // replayHelp is --replay's help.
 const replayHelp = "what of an upstream answer is kept for replays: all (the whole answer, replayed verbatim), " +
 	"public (only the status of an answer whose Cache-Control says no-store or private) or status (only the status, " +
@@ -152,6 +180,17 @@ func newRoute(pattern, where string, s routeSettings, minTTL time.Duration) (*ro
 			return nil, fmt.Errorf("replay: %v", err)
 		}
 		rt.replay = &p
+	}
+	rt.rate, rt.burst = s.ClaimRate, s.ClaimBurst
+	var o idem.Limits
+	if s.ClaimRate != nil {
+		o.ClaimRate = *s.ClaimRate
+	}
+	if s.ClaimBurst != nil {
+		o.ClaimBurst = *s.ClaimBurst
+	}
+	if err := checkLimits(o, "claim_rate", "claim_burst"); err != nil {
+		return nil, err
 	}
 	if s.TTL != "" {
 		d, err := time.ParseDuration(s.TTL)
@@ -207,11 +246,23 @@ func (t *routeTable) ttls() map[string]time.Duration {
 }
 
 // build gives each route its middleware, base with the route's settings
-// over it, in front of next. base.Endpoint is replaced: a route's keys
-// are stored under its pattern.
-func (t *routeTable) build(base idemhttp.Options, next http.Handler) error {
+// over it, in front of next, and base.Store behind limits with the
+// route's own: each route's buckets are its own. base.Endpoint is
+// replaced: a route's keys are stored under its pattern.
+func (t *routeTable) build(base idemhttp.Options, limits idem.Limits, next http.Handler) error {
 	for _, rt := range t.routes {
 		o := base
+		l := limits
+		if rt.rate != nil {
+			l.ClaimRate = *rt.rate
+		}
+		if rt.burst != nil {
+			l.ClaimBurst = *rt.burst
+		}
+		var err error
+		if o.Store, err = idem.Limit(base.Store, l); err != nil {
+			return fmt.Errorf("%s: route %q: %w", rt.where, rt.pattern, err)
+		}
 		pattern := rt.pattern
 		o.Endpoint = func(*http.Request) string { return pattern }
 		o.Canonical.Volatile = rt.volatile
