@@ -111,6 +111,20 @@ type Options struct {
 	// ReplayAll.
 	Replay ReplayPolicy
 
+	// StatusHeaders lists the response header fields kept beside the
+	// status of an answer Replay keeps only the status of (a Location,
+	// a request ID), and sent with the 410 a retry of it gets. Unstored
+	// fields stay out all the same. Default: none.
+	StatusHeaders []string
+
+	// Regenerate, when set, answers a retry of an answer whose body was
+	// not kept (kept as its status, or too large) from the service's own
+	// records, in place of 410 response_body_omitted: a fresh signed URL
+	// rather than an expired one. It gets the retry's request and the
+	// stored record (status, kept headers, scope); its answer is sent as
+	// a replay and stored nowhere. false sends the 410. Default: none.
+	Regenerate func(r *http.Request, rec *idem.Record) (idem.Response, bool)
+
 	// Unstored lists response header fields never stored, so never
 	// replayed: the first caller gets them, a retry does not. They carry
 	// credentials a replay would hand to whoever holds the key and the
@@ -207,6 +221,7 @@ type middleware struct {
 	canonical idem.CanonicalOptions // opts.Canonical bounded by MaxRequestBytes
 	headers   []string
 	unstored  []string // Options.Unstored, canonical
+	kept      []string // Options.StatusHeaders, canonical
 	methods   map[string]bool
 	keys      *idem.KeySyntax
 	release   map[int]bool // Outcomes.Release
@@ -270,7 +285,7 @@ func newMiddleware(o Options) (*middleware, error) {
 		o.Unstored = DefaultUnstored
 	}
 	names := append([]string{o.Header}, o.Aliases...)
-	m := &middleware{opts: o, pathEndpoint: pathEndpoint, headers: canonicalNames(names), unstored: canonicalNames(o.Unstored), methods: map[string]bool{},
+	m := &middleware{opts: o, pathEndpoint: pathEndpoint, headers: canonicalNames(names), unstored: canonicalNames(o.Unstored), kept: canonicalNames(o.StatusHeaders), methods: map[string]bool{},
 		release: map[int]bool{}, unknown: map[int]bool{}}
 	// Two spellings of one header would make every key arrive twice, and
 	// every request a 400 for a duplicate key.
@@ -553,6 +568,20 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, rec *idem.Re
 	h := w.Header()
 	h.Set(idem.HeaderExpires, httpDate(rec.ExpiresAt))
 	if rec.BodyOmitted || rec.Response.Header[statusOnlyField] != nil {
+		if m.opts.Regenerate != nil {
+			if resp, ok := m.opts.Regenerate(r, rec); ok {
+				again := *rec
+				again.Response, again.BodyOmitted = resp, false
+				again.Response.Header = resp.Header.Clone()
+				delete(again.Response.Header, statusOnlyField)
+				return m.replay(w, r, &again)
+			}
+		}
+		for k, vs := range rec.Response.Header {
+			if k != statusOnlyField && !hopByHop[k] && !strings.HasPrefix(k, "Content-") { // the 410 has a body of its own
+				h[k] = slices.Clone(vs)
+			}
+		}
 		why := fmt.Sprintf("its body (%d bytes) was too large to keep", rec.BodyLen)
 		if !rec.BodyOmitted {
 			why = "only its status was kept, since its answer may hold secrets"
@@ -739,12 +768,18 @@ func (m *middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		case release:
 			return idem.Response{}, idem.ErrNoEffect
 		}
-		if m.statusOnly(header) {
-			return idem.Response{Status: status, Header: http.Header{statusOnlyField: {"true"}}}, nil
-		}
 		for _, name := range m.unstored {
 			delete(header, name)
 			delete(header, appendPrefix+name)
+		}
+		if m.statusOnly(header) {
+			kept := http.Header{statusOnlyField: {"true"}}
+			for _, name := range m.kept {
+				if vs, ok := header[name]; ok {
+					kept[name] = vs
+				}
+			}
+			return idem.Response{Status: status, Header: kept}, nil
 		}
 		return idem.Response{Status: status, Header: header, Body: body}, nil
 	})

@@ -972,3 +972,57 @@ func TestUnstoredHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusHeadersAndRegenerate: a status-only answer keeps the fields
+// StatusHeaders names, minus the unstored ones, and its retry's 410 carries
+// them; with Regenerate the retry gets the service's fresh answer instead,
+// and the handler never runs twice.
+func TestStatusHeadersAndRegenerate(t *testing.T) {
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/v1/exports/ex_1")
+		w.Header().Set("Set-Cookie", "session=s3cr3t")
+		w.Header().Set("X-Other", "no")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"url":"https://files.example/ex_1?sig=once"}`)
+	}
+	e := setup(t, idemhttp.Options{Replay: idemhttp.ReplayStatus, StatusHeaders: []string{"location", "Set-Cookie"}})
+	e.app.handler = handler
+	first, _ := e.call("POST", "/v1/exports", "acme", pay, "key-1")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	again, body := e.call("POST", "/v1/exports", "acme", pay, "key-1")
+	assert.Equal(t, http.StatusGone, again.StatusCode)
+	assert.Equal(t, "/v1/exports/ex_1", again.Header.Get("Location"))
+	assert.Empty(t, again.Header.Get("Set-Cookie"), "an unstored field stays out")
+	assert.Empty(t, again.Header.Get("X-Other"))
+	assert.NotContains(t, body, "sig=once")
+	rec, err := e.db.Get(t.Context(), idem.Scope{Tenant: "acme", Endpoint: "POST /v1/exports", Key: "key-1"})
+	require.NoError(t, err)
+	assert.Empty(t, rec.Response.Body)
+	assert.Equal(t, []string{"/v1/exports/ex_1"}, rec.Response.Header["Location"])
+
+	var seen *idem.Record
+	e = setup(t, idemhttp.Options{Replay: idemhttp.ReplayStatus, StatusHeaders: []string{"Location"},
+		Regenerate: func(r *http.Request, rec *idem.Record) (idem.Response, bool) {
+			seen = rec
+			if rec.Scope.Key != "key-1" {
+				return idem.Response{}, false
+			}
+			return idem.Response{Status: rec.Response.Status, Header: http.Header{"Location": rec.Response.Header["Location"]},
+				Body: []byte(`{"url":"https://files.example/ex_1?sig=fresh"}`)}, true
+		}})
+	e.app.handler = handler
+	for _, key := range []string{"key-1", "key-2"} {
+		first, _ = e.call("POST", "/v1/exports", "acme", pay, key)
+		require.Equal(t, http.StatusCreated, first.StatusCode)
+	}
+	again, body = e.call("POST", "/v1/exports", "acme", pay, "key-1")
+	assert.Equal(t, http.StatusCreated, again.StatusCode)
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "/v1/exports/ex_1", again.Header.Get("Location"))
+	assert.Contains(t, body, "sig=fresh")
+	require.NotNil(t, seen)
+	assert.Equal(t, http.StatusCreated, seen.Response.Status)
+	again, _ = e.call("POST", "/v1/exports", "acme", pay, "key-2")
+	assert.Equal(t, http.StatusGone, again.StatusCode, "false sends the 410")
+	assert.EqualValues(t, 2, e.app.runs.Load())
+}

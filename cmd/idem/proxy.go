@@ -44,6 +44,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	releaseStatus := fs.String("release-status", "", "upstream statuses that free the key instead of being stored, since the upstream committed nothing (e.g. 429,503): the answer reaches the client and a retry runs again; a `LIST` of codes (429), classes (5xx) and ranges (500-504), comma-separated (default none: every answer is stored)")
 	unknownStatus := fs.String("unknown-status", "", "upstream statuses after which the outcome is recorded unknown, since the upstream may or may not have acted: the answer reaches the client and retries get 409 outcome_pending until an operator resolves the key; a `LIST` like --release-status's (default none)")
 	replay := fs.String("replay", "all", replayHelp)
+	replayHeaders := fs.String("replay-headers", "", "comma-separated upstream response header fields kept beside the status of an answer --replay keeps only the status of (Location, a request ID), and sent with the 410 its retries get (default none)")
 	claimRate := fs.Float64("claim-rate", 0, claimRateHelp)
 	claimBurst := fs.Int("claim-burst", 0, "new keys one tenant may claim at once before --claim-rate paces it (default: the rate, rounded up)")
 	claimPerEndpoint := fs.Bool("claim-per-endpoint", false, "give each endpoint of a tenant a --claim-rate bucket of its own")
@@ -53,7 +54,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.Var(&minFreeDisk, "min-free-disk", "with --data, the room the disk must keep free, a `SIZE`: below it a new key gets 507 store_full, since a write the full disk refuses ends the process; 0 turns the check off")
 	unstored := fs.String("unstored-headers", strings.Join(idemhttp.DefaultUnstored, ","), "comma-separated upstream response header fields never stored, so never replayed: the first caller gets them, a retry does not; empty stores every field (see "+docsURL("README.md#security")+")")
 	strict := fs.Bool("strict-canonical", false, "refuse a JSON or form body that cannot be canonicalized (duplicate members, NaN, deep nesting, a bare % in a form) with 400 request_body_invalid; by default its raw bytes are fingerprinted instead, so a retry must send the same bytes")
-	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status, strict_canonical, replay, claim_rate and claim_burst; a request no route matches gets the flags' settings")
+	routesFile := fs.String("routes", "", "JSON `FILE` of per-route settings: an object mapping ServeMux patterns (POST /v1/charges/{id}) to their require, ttl, volatile, release_status, unknown_status, strict_canonical, replay, replay_headers, claim_rate and claim_burst; a request no route matches gets the flags' settings")
 	drain := fs.Duration("drain", defaultDrain, "how long SIGTERM waits for requests in flight")
 	adminAddr := fs.String("admin", "127.0.0.1:9464", "address of the operator's listener, serving /metrics and /healthz, and with an admin token the operator routes under /v1/admin/; port 0 picks a free one, empty turns it off")
 	adminf := addAdminFlags(fs)
@@ -69,6 +70,7 @@ func runProxy(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
                   [--require-sync-standby]
                   [--release-status LIST] [--unknown-status LIST]
                   [--routes FILE] [--strict-canonical] [--replay all|public|status]
+                  [--replay-headers LIST]
                   [--unstored-headers LIST]
                   [--claim-rate R [--claim-burst N] [--claim-per-endpoint]]
                   [--max-store-size SIZE] [--min-free-disk SIZE]
@@ -174,12 +176,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	if err != nil {
 		return usageErr("--replay %v", err)
 	}
-	unstoredNames := []string{} // non-nil: empty stores every field
-	for name := range strings.SplitSeq(*unstored, ",") {
-		if name = strings.TrimSpace(name); name != "" {
-			unstoredNames = append(unstoredNames, name)
-		}
-	}
+	unstoredNames := fieldList(*unstored)
 	limits := idem.Limits{ClaimRate: *claimRate, ClaimBurst: *claimBurst, PerEndpoint: *claimPerEndpoint,
 		MaxStoreBytes: int64(maxStoreSize), MinFreeBytes: int64(minFreeDisk)}
 	if err := checkLimits(limits, "--claim-rate", "--claim-burst"); err != nil {
@@ -260,6 +257,7 @@ Full reference: `+docsURL("docs/proxy.md")+`
 		AuthorizeReplay: checker.authorizeFunc(),
 		Replay:          replayPolicy,
 		Unstored:        unstoredNames,
+		StatusHeaders:   fieldList(*replayHeaders),
 		Methods:         methods,
 		MaxRequestBytes: int64(maxBody),
 		Wait:            *wait,
@@ -298,6 +296,18 @@ Full reference: `+docsURL("docs/proxy.md")+`
 		adminH = guard.guard(mux)
 	}
 	return serveUntilSignal("proxy", *listen, tlsConf, store.where(), *drain, h, *adminAddr, adminTLS, adminH, db, stdout, stderr)
+}
+
+// fieldList reads a comma-separated list of header field names; it is
+// never nil, so that an empty list means none rather than the default.
+func fieldList(s string) []string {
+	out := []string{}
+	for name := range strings.SplitSeq(s, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 func parseUpstream(s string) (*url.URL, error) {

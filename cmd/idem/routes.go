@@ -37,6 +37,9 @@ type routeSettings struct {
 	StrictCanonical *bool `json:"strict_canonical"`
 	// Replay is what of an answer is kept for replays, as --replay says.
 	Replay *string `json:"replay"`
+	// ReplayHeaders are the fields kept beside a status, as
+	// --replay-headers says.
+	ReplayHeaders *[]string `json:"replay_headers"`
 	// ClaimRate and ClaimBurst give the route buckets of its own, as
 	// --claim-rate and --claim-burst say.
 	ClaimRate  *float64 `json:"claim_rate"`
@@ -54,6 +57,7 @@ type route struct {
 	unknown  *[]int                 // nil: --unknown-status's
 	strict   *bool                  // nil: --strict-canonical's
 	replay   *idemhttp.ReplayPolicy // nil: --replay's
+	kept     *[]string              // nil: --replay-headers'
 	rate     *float64               // nil: --claim-rate's
 	burst    *int                   // nil: --claim-burst's
 	h        http.Handler
@@ -181,7 +185,7 @@ func newRoute(pattern, where string, s routeSettings, minTTL time.Duration) (*ro
 		}
 		rt.replay = &p
 	}
-	rt.rate, rt.burst = s.ClaimRate, s.ClaimBurst
+	rt.rate, rt.burst, rt.kept = s.ClaimRate, s.ClaimBurst, s.ReplayHeaders
 	var o idem.Limits
 	if s.ClaimRate != nil {
 		o.ClaimRate = *s.ClaimRate
@@ -277,6 +281,9 @@ func (t *routeTable) build(base idemhttp.Options, limits idem.Limits, next http.
 		}
 		if rt.replay != nil {
 			o.Replay = *rt.replay
+		}
+		if rt.kept != nil {
+			o.StatusHeaders = *rt.kept
 		}
 		if rt.strict != nil {
 			o.RawFallback = !*rt.strict

@@ -121,7 +121,7 @@ func TestProxyRoutesFileErrors(t *testing.T) {
 func TestProxyReplayPolicy(t *testing.T) {
 	u := newUpstream(t)
 	u.Start()
-	p := startProxy(t, u, "--routes", writeRoutes(t, `{"POST /v1/api-keys": {"replay": "status"}}`))
+	p := startProxy(t, u, "--routes", writeRoutes(t, `{"POST /v1/api-keys": {"replay": "status", "replay_headers": ["Location"]}}`))
 	key := newKey()
 	first := send(t, "POST", p.url+"/v1/api-keys", `{}`, keyed(key)...)
 	require.Equal(t, http.StatusCreated, first.status)
@@ -130,6 +130,8 @@ func TestProxyReplayPolicy(t *testing.T) {
 	assert.Equal(t, "response_body_omitted", r.code(t))
 	assert.Contains(t, string(r.body), `"original_status":201`)
 	assert.NotContains(t, string(r.body), string(first.body))
+	assert.Equal(t, first.header.Get("Location"), r.header.Get("Location"), "the route keeps Location beside the status")
+	assert.Empty(t, r.header.Values("X-Upstream"))
 	assert.Equal(t, 1, u.count(auth, key))
 
 	other := newKey()
