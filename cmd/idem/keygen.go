@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemkv/idem"
 	"github.com/oklog/ulid/v2"
 )
 
@@ -51,8 +52,11 @@ func runKeygen(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	format := fs.String("format", "uuid4", "uuid4, uuid7, ulid or token")
 	n := fs.Int("n", 1, "how many keys to print, one a line")
+	encryption := fs.Bool("encryption", false, "print one line of an encryption key file instead: an id, a space and a 256-bit AES key in base64")
+	id := fs.String("id", "", "with --encryption, the key's `ID`, 1-32 of A-Z a-z 0-9 - _ (default: today's date, UTC)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: idem keygen [--format uuid4|uuid7|ulid|token] [-n N]
+       idem keygen --encryption [--id ID] >> FILE
 
 Prints new idempotency keys from the operating system's cryptographic
 random source, one a line. Every format fits idemhttp's default alphabet.
@@ -65,6 +69,10 @@ random source, one a line. Every format fits idemhttp's default alphabet.
 A client makes one key per operation, stores it with the operation before
 the first attempt, and sends the same key on every retry.
 
+With --encryption it prints one line of a key file instead, from the same
+source: append it to the file (mode 0600), newest last. New values are
+sealed with the newest key; older lines stay until nothing needs them.
+
 Reference: `+docsURL("docs/client.md")+`
 
 `)
@@ -72,6 +80,17 @@ Reference: `+docsURL("docs/client.md")+`
 	}
 	if code, done := parseTool(fs, args, stderr); done {
 		return code
+	}
+	if *encryption {
+		if *id == "" {
+			*id = time.Now().UTC().Format("2006-01-02")
+		}
+		line, err := idem.NewKeyLine(*id)
+		if err != nil {
+			return usageError(fs, stderr, "--id %q: want 1-32 of A-Z a-z 0-9 - _", *id)
+		}
+		fmt.Fprintln(stdout, line)
+		return 0
 	}
 	gen, ok := keyFormats[*format]
 	if !ok {

@@ -445,6 +445,26 @@ func TestKeygen(t *testing.T) {
 	assert.Regexp(t, shapes["uuid4"], strings.TrimSuffix(r.stdout, "\n"), "uuid4 is the default")
 }
 
+// TestKeygenEncryption: two lines from keygen --encryption make a key
+// file that parses, newest last, with distinct keys.
+func TestKeygenEncryption(t *testing.T) {
+	first := runIdem(t, "", "keygen", "--encryption", "--id", "k1")
+	require.Equal(t, 0, first.code, first.stderr)
+	before := time.Now().UTC().Format("2006-01-02")
+	second := runIdem(t, "", "keygen", "--encryption")
+	require.Equal(t, 0, second.code, second.stderr)
+	after := time.Now().UTC().Format("2006-01-02")
+	assert.NotEqual(t, strings.Fields(first.stdout)[1], strings.Fields(second.stdout)[1])
+	k, err := idem.ParseKeyring([]byte(first.stdout + second.stdout))
+	require.NoError(t, err)
+	ids := k.IDs()
+	require.Len(t, ids, 2)
+	assert.Equal(t, "k1", ids[0])
+	assert.Contains(t, []string{before, after}, ids[1], "today's date is the default id")
+	bad := runIdem(t, "", "keygen", "--encryption", "--id", "no/slash")
+	assert.Equal(t, 2, bad.code)
+}
+
 func TestToolHelp(t *testing.T) {
 	for _, name := range []string{"inspect", "get", "stats", "check", "compact", "resolve", "keygen", "migrate"} {
 		r := runIdem(t, "", name, "--help")
