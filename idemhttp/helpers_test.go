@@ -45,8 +45,8 @@ func (a *app) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Run", fmt.Sprint(n))
-	w.Header().Add("Set-Cookie", "a=1")
-	w.Header().Add("Set-Cookie", "b=2")
+	w.Header().Add("Link", "</v1/payments>; rel=collection")
+	w.Header().Add("Link", "</docs/payments>; rel=help")
 	w.Header().Set("Connection", "close-me-not") // hop-by-hop: never stored
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"id":"pay_%d","request":%s}`, n, body)

@@ -26,7 +26,8 @@ import (
 // middleware set for one request (its ID, the CORS answer for its origin,
 // a session cookie) are not the stored response; a retry carries its own.
 // What the handler set is replayed: a field it changed from the outer
-// layer's value replaces the retry's, values it added go beside them.
+// layer's value replaces the retry's, values it added go beside them,
+// except for the cookies it set, which are never stored.
 func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 	var n atomic.Int64
 	e := setup(t, idemhttp.Options{}, func(next http.Handler) http.Handler {
@@ -35,6 +36,7 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 			w.Header().Set("Access-Control-Allow-Origin", r.Header.Get("Origin"))
 			w.Header().Set("Cache-Control", "no-cache")
 			w.Header().Add("Set-Cookie", fmt.Sprintf("sid=s%d", n.Load()))
+			w.Header().Add("Link", fmt.Sprintf("</req/%d>; rel=self", n.Load()))
 			w.Header().Set(http.TrailerPrefix+"X-Trace", fmt.Sprintf("t%d", n.Load()))
 			next.ServeHTTP(w, r)
 		})
@@ -43,6 +45,7 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "private")
 		w.Header().Add("Set-Cookie", "receipt=pay_1")
+		w.Header().Add("Link", "</receipts/pay_1>; rel=receipt")
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"id":"pay_1"}`)
 	}
@@ -59,7 +62,8 @@ func TestReplayKeepsTheRetrysOwnHeaders(t *testing.T) {
 	assert.Equal(t, "req-2", again.Header.Get("X-Request-Id"))
 	assert.Equal(t, "https://b.example", again.Header.Get("Access-Control-Allow-Origin"))
 	assert.Equal(t, "private", again.Header.Get("Cache-Control"), "the handler's own value")
-	assert.Equal(t, []string{"sid=s2", "receipt=pay_1"}, again.Header.Values("Set-Cookie"), "the retry's session, the handler's cookie")
+	assert.Equal(t, []string{"sid=s2"}, again.Header.Values("Set-Cookie"), "the retry's session, and no stored cookie")
+	assert.Equal(t, []string{"</req/2>; rel=self", "</receipts/pay_1>; rel=receipt"}, again.Header.Values("Link"), "the retry's link, the handler's")
 	assert.Equal(t, "t2", again.Trailer.Get("X-Trace"), "the retry's own trailer")
 	assert.Equal(t, "application/json", again.Header.Get("Content-Type"))
 	assert.Equal(t, int64(1), e.app.runs.Load())

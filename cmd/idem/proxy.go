@@ -179,6 +179,9 @@ Full reference: `+docsURL("docs/proxy.md")+`
 	unstoredNames := fieldList(*unstored)
 	limits := idem.Limits{ClaimRate: *claimRate, ClaimBurst: *claimBurst, PerEndpoint: *claimPerEndpoint,
 		MaxStoreBytes: int64(maxStoreSize), MinFreeBytes: int64(minFreeDisk)}
+	if store.postgres() {
+		limits.MinFreeBytes = 0 // the server's disk is not the proxy's to see
+	}
 	if err := checkLimits(limits, "--claim-rate", "--claim-burst"); err != nil {
 		return usageErr("%v", err)
 	}
