@@ -12,9 +12,6 @@ import (
 // TestBucketsBounded: a million invented tenants leave no more buckets than
 // the bound, and the heap grows by no more than limitHeapBound.
 func TestBucketsBounded(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a million tenants")
-	}
 	const limitHeapBound = 8 << 20 // for DefaultLimitTenants buckets
 	o := Limits{ClaimRate: 1, ClaimBurst: 1, Now: time.Now}
 	before := heap()
